@@ -1,0 +1,3 @@
+from spade_cli.app import main
+
+main()

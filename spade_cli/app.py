@@ -1,0 +1,31 @@
+"""The `spade` command: one typer app; each command lives in ``spade_cli/commands/<name>.py``.
+
+Only typer, rich and spade's light modules are imported here, so ``spade --help`` stays fast;
+every command imports torch, transformers, TRL, vLLM, lm-eval or datasets inside its body.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="spade",
+    help="Self-Play in Adaptive Synthetic Executable Environments: design, validate, roll out, "
+    "score and update, one stage per command, files in between.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+
+# Registered only once they really work; each module calls `app.command(...)` on import.
+COMMANDS = ["init_model", "inspect", "paths"]
+
+for _name in COMMANDS:
+    importlib.import_module(f"spade_cli.commands.{_name}").register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,339 @@
+"""Reading and writing artifacts: strict JSONL, atomic outputs, resumable partials, manifests.
+
+Every stage follows one protocol (DESIGN §2, STYLE §4):
+
+1. ``Stage.begin`` hashes the inputs and compares them and the resolved config with the sidecar
+   ``OUT.manifest.json``. A match means the work is done ("up to date"); a mismatch is refused
+   unless ``force``, so a rerun never silently mixes two configurations.
+2. Rows go to ``OUT.partial-<confighash>``, appended and flushed one line at a time. A crashed run
+   leaves that file behind; the rerun reads back the complete lines (a torn last line is dropped)
+   and the stage only does the missing work.
+3. ``Stage.commit`` fsyncs, renames the partial onto ``OUT`` and writes the manifest last: the
+   manifest's existence means the output is complete.
+
+Input rows are read with ``read_rows``, which names the file and line of any bad row.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spade_cli import __version__
+from spade_cli.records import Record, SchemaError, parse, to_row
+
+
+class SpadeError(Exception):
+    """An error the user can act on: printed without a traceback, exit code 1."""
+
+
+class InputError(SpadeError):
+    """A bad input row or file; the message names the file and line."""
+
+    def __init__(self, path: str | Path, line: int | None, why: str):
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {why}")
+        self.path, self.line = str(path), line
+
+
+def expand_inputs(specs: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Several files, comma-separated lists or globs (Slurm shards) -> sorted, de-duplicated paths."""
+    if isinstance(specs, str | Path):
+        specs = [specs]
+    out: list[Path] = []
+    for spec in specs:
+        for part in str(spec).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if any(ch in part for ch in "*?["):
+                hits = sorted(glob.glob(part))
+                if not hits:
+                    raise InputError(part, None, "the glob matches no file")
+                out.extend(Path(h) for h in hits)
+            else:
+                p = Path(part)
+                if not p.exists():
+                    raise InputError(p, None, "no such file")
+                out.append(p)
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def read_rows(paths: str | Path | Iterable[str | Path], expect: str | tuple[str, ...] | None = None,
+              ) -> Iterator[tuple[Path, int, Record]]:
+    """Yield (file, line number, record) from JSONL files; the first bad row raises InputError."""
+    for path in expand_inputs(paths):
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    row = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                    raise InputError(path, lineno, f"not valid JSON ({why})") from None
+                try:
+                    yield path, lineno, parse(row, expect)
+                except (SchemaError, TypeError) as exc:
+                    raise InputError(path, lineno, str(exc)) from None
+
+
+def read_records(paths: str | Path | Iterable[str | Path], expect: str | tuple[str, ...] | None = None,
+                 ) -> list[Record]:
+    return [rec for _, _, rec in read_rows(paths, expect)]
+
+
+def dumps(row: dict | Record) -> str:
+    if not isinstance(row, dict):
+        row = to_row(row)
+    return json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a whole file so that readers see either the old file or the complete new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict | Record]) -> int:
+    lines = [dumps(r) + "\n" for r in rows]
+    atomic_write_text(path, "".join(lines))
+    return len(lines)
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(path: str | Path) -> dict:
+    """Identity of an input: sha256 and row count of a file; of a directory (a checkpoint), the
+    names and sizes of its files plus the content of the small ones (config, tokenizer), so that
+    multi-GB weights are not re-hashed by every stage."""
+    p = Path(path)
+    if p.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(q for q in p.rglob("*") if q.is_file()):
+            rel = f.relative_to(p).as_posix()
+            size = f.stat().st_size
+            h.update(f"{rel}\0{size}\0".encode())
+            if size <= 4 << 20:
+                h.update(f.read_bytes())
+        return {"path": str(p), "sha256": h.hexdigest(), "kind": "dir"}
+    rows = 0
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+            rows += chunk.count(b"\n")
+    return {"path": str(p), "sha256": h.hexdigest(), "rows": rows}
+
+
+def _git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def library_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "spade": __version__}
+    for name in ("torch", "transformers", "trl", "vllm", "lm_eval", "gymnasium", "datasets"):
+        try:
+            out[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def manifest_path(out: str | Path) -> Path:
+    return Path(f"{out}.manifest.json")
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Stage:
+    """One run of one stage over one output path. See the module docstring for the protocol."""
+
+    name: str
+    out: Path
+    config: dict
+    inputs: dict[str, list[dict]] = field(default_factory=dict)
+    force: bool = False
+    started: float = field(default_factory=time.time)
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def begin(cls, name: str, out: str | Path, config: dict, inputs: dict[str, Iterable[str | Path]],
+              force: bool = False) -> Stage:
+        stage = cls(name, Path(out), dict(config), force=force)
+        stage.inputs = {role: [fingerprint(p) for p in paths] for role, paths in inputs.items()}
+        return stage
+
+    # -- up-to-date check -------------------------------------------------------------------------
+    def _key(self, inputs: dict[str, list[dict]], config: dict) -> dict:
+        return {"config": json.loads(json.dumps(config, sort_keys=True, default=str)),
+                "inputs": {role: sorted(fp["sha256"] for fp in fps) for role, fps in inputs.items()}}
+
+    def status(self) -> str:
+        """'new', 'up to date', or a sentence saying what changed since the finished run."""
+        mpath = manifest_path(self.out)
+        if not mpath.exists() or not self.out.exists():
+            return "new"
+        try:
+            old = json.loads(mpath.read_text())
+        except (OSError, json.JSONDecodeError):
+            return "its manifest is unreadable"
+        if old.get("output", {}).get("sha256") not in (None, fingerprint(self.out)["sha256"]):
+            return f"{self.out} was modified after its manifest was written"
+        mine, theirs = self._key(self.inputs, self.config), self._key(old.get("inputs", {}),
+                                                                       old.get("config", {}))
+        if mine == theirs:
+            return "up to date"
+        changed = sorted(k for k in set(mine["config"]) | set(theirs["config"])
+                         if mine["config"].get(k) != theirs["config"].get(k))
+        roles = sorted(r for r in set(mine["inputs"]) | set(theirs["inputs"])
+                       if mine["inputs"].get(r) != theirs["inputs"].get(r))
+        parts = []
+        if changed:
+            parts.append("config changed: " + ", ".join(
+                f"{k} {theirs['config'].get(k)!r} -> {mine['config'].get(k)!r}" for k in changed))
+        if roles:
+            parts.append("inputs changed: " + ", ".join(roles))
+        return "; ".join(parts) or "the manifest differs"
+
+    def check(self) -> bool:
+        """True when the stage should be skipped; raises when finished work would be overwritten."""
+        st = self.status()
+        if st == "up to date" and not self.force:
+            return True
+        if st not in ("new", "up to date") and not self.force:
+            raise SpadeError(f"{self.out} exists from another run ({st}); pass --force to overwrite it")
+        return False
+
+    # -- resumable output -------------------------------------------------------------------------
+    @property
+    def partial(self) -> Path:
+        return self.out.with_name(f"{self.out.name}.partial-{config_hash(self._key(self.inputs, self.config))}")
+
+    def resume(self) -> list[dict]:
+        """Complete rows already written by a crashed run with the same config and inputs."""
+        if self.force or not self.partial.exists():
+            self.partial.unlink(missing_ok=True)
+            return []
+        rows, good = [], 0
+        with open(self.partial, "rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # torn by a kill mid-write
+                try:
+                    rows.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    break
+                good += len(raw)
+        with open(self.partial, "r+b") as fh:
+            fh.truncate(good)
+        return rows
+
+    def writer(self) -> PartialWriter:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        return PartialWriter(self.partial)
+
+    def commit(self, rows_written: int, summary: dict | None = None) -> dict:
+        """Publish the partial as OUT, then write the manifest; returns the manifest."""
+        if self.partial.exists():
+            with open(self.partial, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(self.partial, self.out)
+            _fsync_dir(self.out.parent)
+        for stale in self.out.parent.glob(f"{self.out.name}.partial-*"):
+            stale.unlink(missing_ok=True)
+        return self.write_manifest(rows_written, summary)
+
+    def write_manifest(self, rows_written: int | None, summary: dict | None = None) -> dict:
+        manifest = {
+            "stage": self.name,
+            "argv": sys.argv,
+            "config": self.config,
+            "versions": library_versions(),
+            "git_commit": _git_commit(),
+            "inputs": self.inputs,
+            "output": {"path": str(self.out), "rows": rows_written,
+                       "sha256": fingerprint(self.out)["sha256"] if self.out.exists() else None},
+            "timings": {"wall_s": round(time.time() - self.started, 3), **self.timings},
+            "warnings": self.warnings,
+            "summary": summary or {},
+            **self.extra,  # e.g. the sandbox tier of validate and rollout
+        }
+        atomic_write_text(manifest_path(self.out), json.dumps(manifest, indent=2, default=str) + "\n")
+        return manifest
+
+
+class PartialWriter:
+    """Append-only JSONL with one flushed line per row; fsynced every ``sync_every`` rows."""
+
+    def __init__(self, path: Path, sync_every: int = 64):
+        self.path = path
+        self.fh = open(path, "a", encoding="utf-8")
+        self.sync_every, self.n = sync_every, 0
+
+    def write(self, row: dict | Record) -> None:
+        self.fh.write(dumps(row) + "\n")
+        self.fh.flush()
+        self.n += 1
+        if self.n % self.sync_every == 0:
+            os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        if not self.fh.closed:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+
+    def __enter__(self) -> PartialWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,110 @@
+"""What every command shares: option aliases, the YAML config, the summary line, errors.
+
+Commands are thin: they declare options with the aliases below, call one ``stages.<stage>.run``
+and hand its summary to ``finish``. ``--config FILE.yaml`` is an eager option whose callback loads
+a flat mapping into click's ``default_map``, so a flag given on the command line always wins over
+the file and the file wins over the defaults in code. Unknown keys in the file are a usage error
+(exit 2) rather than silently ignored.
+
+Exit codes (DESIGN §2): 0 success, 2 usage error (typer/click), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False)
+
+PANEL_LOOP = "The loop"
+PANEL_HELPERS = "Helpers"
+
+# Options that change how a stage runs, not what it produces: left out of the manifest comparison.
+NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every"}
+
+
+def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | None:
+    if value is None:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(value.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"cannot read {value}: {exc}") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{value} must hold a flat mapping of option names to values")
+    names = {p.name for p in ctx.command.params}
+    mapped: dict[str, Any] = {}
+    for key, val in data.items():
+        name = str(key).replace("-", "_")
+        if name not in names or name == "config":
+            raise typer.BadParameter(f"{value}: unknown option {key!r} for `spade {ctx.info_name}`")
+        mapped[name] = val
+    ctx.default_map = {**(ctx.default_map or {}), **mapped}
+    return value
+
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", help="Flat YAML mapping of option names to values; flags win.",
+                 exists=True, dir_okay=False, is_eager=True, callback=_load_config),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Redo the work even if the output exists.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Run seed; every derived seed comes from it.")]
+IterationOpt = Annotated[int, typer.Option("--iteration", help="Iteration number recorded in rows.")]
+OutFileOpt = Annotated[Path, typer.Option("--out", help="Output JSONL (written atomically).", dir_okay=False)]
+ModelOpt = Annotated[str, typer.Option("--model", help="Hugging Face checkpoint directory or id.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Generation backend: hf, vllm or openai.")]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option("--base-url", help="OpenAI-compatible server for --backend openai.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def resolved_config(ctx: typer.Context) -> dict[str, Any]:
+    """The command's parameters after defaults, YAML and flags, JSON-safe, for the manifest."""
+    out = {}
+    for key, val in ctx.params.items():
+        if key in NON_SEMANTIC:
+            continue
+        out[key] = str(val) if isinstance(val, Path) else val
+    return out
+
+
+def emit(summary: dict) -> None:
+    """The one JSON line on stdout that recipes and `jq` read."""
+    sys.stdout.write(json.dumps(summary, default=str, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def command(fn: Callable) -> Callable:
+    """Turn a SpadeError (or a broken pipe) into a one-line message and exit 1, never a traceback."""
+    from spade_cli.artifacts import SpadeError
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SpadeError as exc:
+            console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted; rerun the same command to resume[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def finish(summary: dict) -> None:
+    """Print a short human line on stderr and the JSON summary on stdout."""
+    if summary.get("status") == "up to date":
+        console.print(f"[green]up to date[/]: {summary.get('out')} (pass --force to redo)")
+    emit(summary)

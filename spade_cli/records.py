@@ -1,0 +1,216 @@
+"""The records spade writes, one frozen dataclass per schema (DESIGN §3).
+
+Every JSONL row carries ``"schema": "spade.<kind>/<int>"``. ``parse(row)`` turns a dict into the
+record for its kind after upgrading old versions with the numbered functions in ``UPGRADES``; a
+version newer than this build knows is refused, because silently reading a future format would
+drop fields a later stage relies on. Fields not named here survive in ``extra`` and are written
+back unchanged, so adding a field never needs a schema bump.
+
+Example::
+
+    rec = parse({"schema": "spade.design/1", "code": "...", "hint": "..."})
+    rec.env_id            # computed from code and hint when the row has none
+    to_row(rec)           # a plain dict again, ready for JSON
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SchemaError(ValueError):
+    """A row that is not a record of a known schema version."""
+
+
+def env_id_for(code: str | None, hint: str | None) -> str:
+    """Short content id: the same environment gets the same id in every run and shard."""
+    norm = "\n".join(line.rstrip() for line in (code or "").strip().splitlines())
+    payload = norm + "\x00" + " ".join((hint or "").split())
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Design:
+    schema = "spade.design/1"
+    env_id: str = ""
+    iteration: int = 0
+    group_id: str | None = None
+    sample: int = 0
+    doc: dict | None = None
+    messages: list | None = None
+    completion: str | None = None
+    title: str | None = None
+    code: str | None = None
+    hint: str | None = None
+    parse_error: str | None = None
+    tokens: dict | None = None
+    gen: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.env_id:
+            object.__setattr__(self, "env_id", env_id_for(self.code, self.hint))
+
+
+@dataclass(frozen=True)
+class Validation(Design):
+    schema = "spade.validation/1"
+    valid: bool = False
+    reason: str | None = None
+    checks: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    schema = "spade.rollout/1"
+    episode_id: str
+    env_id: str
+    iteration: int
+    hinted: bool
+    seed: int
+    pair: int
+    messages: list = field(default_factory=list)
+    turns: list = field(default_factory=list)
+    return_: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    tokens: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    schema = "spade.score/1"
+    env_id: str
+    iteration: int
+    signal: str
+    hinted_mean: float | None
+    unhinted_mean: float | None
+    hinted_n: int
+    unhinted_n: int
+    regret: float | None
+    regret_ci95: float | None
+    designer_reward: float
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Memory:
+    schema = "spade.memory/1"
+    env_id: str
+    title: str | None = None
+    hint: str | None = None
+    doc_id: str | None = None
+    first_iteration: int = 0
+    history: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Eval:
+    schema = "spade.eval/1"
+    task: str
+    metric: str
+    value: float | None
+    stderr: float | None = None
+    n: int | None = None
+    model: str | None = None
+    backend: str | None = None
+    harness: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+Record = Design | Validation | Rollout | Score | Memory | Eval
+KINDS: dict[str, type] = {
+    cls.schema.split("/")[0]: cls for cls in (Design, Validation, Rollout, Score, Memory, Eval)
+}
+# Python keywords that are record fields: stored under a trailing underscore in the dataclass.
+_RENAMED = {"return": "return_"}
+# (kind, from_version) -> function turning a row of that version into the next one.
+UPGRADES: dict[tuple[str, int], Callable[[dict], dict]] = {}
+
+
+def split_schema(tag: Any) -> tuple[str, int]:
+    if not isinstance(tag, str) or "/" not in tag:
+        raise SchemaError(f"missing or malformed 'schema' field: {tag!r} (expected 'spade.<kind>/<int>')")
+    kind, _, ver = tag.rpartition("/")
+    if kind not in KINDS or not ver.isdigit():
+        raise SchemaError(f"unknown schema {tag!r}; known kinds: {', '.join(sorted(KINDS))}")
+    return kind, int(ver)
+
+
+def current_version(kind: str) -> int:
+    return int(KINDS[kind].schema.rpartition("/")[2])
+
+
+def upgrade(row: dict) -> dict:
+    """Bring a row to the current version of its kind, or refuse a version from the future."""
+    kind, ver = split_schema(row.get("schema"))
+    cur = current_version(kind)
+    if ver > cur:
+        raise SchemaError(
+            f"schema {row['schema']!r} is newer than this spade understands ({kind}/{cur}); upgrade spade"
+        )
+    while ver < cur:
+        step = UPGRADES.get((kind, ver))
+        if step is None:
+            raise SchemaError(f"no upgrade from {kind}/{ver} to {kind}/{cur}")
+        row = step(row)
+        ver += 1
+        row["schema"] = f"{kind}/{ver}"
+    return row
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+
+
+def parse(row: dict, expect: str | tuple[str, ...] | None = None) -> Record:
+    """Dict -> record. ``expect`` limits the accepted kinds (e.g. "spade.design")."""
+    if not isinstance(row, dict):
+        raise SchemaError(f"a record must be a JSON object, got {type(row).__name__}")
+    row = upgrade(dict(row))
+    kind = row["schema"].rpartition("/")[0]
+    if expect is not None:
+        wanted = (expect,) if isinstance(expect, str) else expect
+        if kind not in wanted:
+            raise SchemaError(f"expected a {' or '.join(wanted)} row, got {row['schema']!r}")
+    cls = KINDS[kind]
+    fields = _fields(cls)
+    known: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in row.items():
+        if key == "schema":
+            continue
+        name = _RENAMED.get(key, key)
+        (known if name in fields else extra)[name if name in fields else key] = value
+    missing = [
+        n for n, f in fields.items()
+        if n not in known and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise SchemaError(f"{row['schema']} row lacks required field(s): {', '.join(missing)}")
+    return cls(**known, extra=extra)
+
+
+def to_row(rec: Record) -> dict:
+    """Record -> JSON-ready dict: schema first, then fields, then the extras it was read with."""
+    out: dict[str, Any] = {"schema": rec.schema}
+    inverse = {v: k for k, v in _RENAMED.items()}
+    for name in _fields(type(rec)):
+        out[inverse.get(name, name)] = getattr(rec, name)
+    for key, value in rec.extra.items():
+        out.setdefault(key, value)
+    return out
+
+
+def validation_from(design: Design, **fields: Any) -> Validation:
+    """A validation row carries every design field plus the verdict."""
+    base = {f: getattr(design, f) for f in _fields(Design)}
+    return Validation(**base, extra=dict(design.extra), **fields)

@@ -1,0 +1,41 @@
+"""Shared fixtures: caches in tmp dirs, no hub access, one tiny model per test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _offline_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep every cache out of the user's home and forbid hub downloads for the whole session."""
+    cache = tmp_path_factory.mktemp("caches")
+    os.environ.update({
+        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(cache / "hf"), "HF_DATASETS_CACHE": str(cache / "datasets"),
+        "XDG_CACHE_HOME": str(cache / "xdg"), "TOKENIZERS_PARALLELISM": "false",
+        "MPLCONFIGDIR": str(cache / "mpl"),
+    })
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, _offline_caches: None) -> Path:
+    """A random tiny Qwen3 checkpoint, built once per session through the public core."""
+    from spade_cli import tinymodel
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    tinymodel.build(out, size="tiny", seed=0)
+    return out
+
+
+def run_spade(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
+              ) -> subprocess.CompletedProcess:
+    """The real console entry point in a subprocess: exit codes, stdout and stderr as a user sees them."""
+    return subprocess.run([sys.executable, "-m", "spade_cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
