@@ -16,6 +16,7 @@ Input rows are read with ``read_rows``, which names the file and line of any bad
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from spade_cli import __version__
 from spade_cli.records import Record, SchemaError, parse, to_row
@@ -108,14 +109,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write a whole file so that readers see either the old file or the complete new one."""
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """Open a temp file beside ``path``; on clean exit fsync and rename it over ``path``.
+
+    Readers see either the old file or the complete new one, never a prefix; on an exception (or a
+    kill) the temp file is removed or left under a dot-name that no stage reads.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -124,10 +130,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_open(path) as fh:
+        fh.write(text)
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict | Record]) -> int:
-    lines = [dumps(r) + "\n" for r in rows]
-    atomic_write_text(path, "".join(lines))
-    return len(lines)
+    n = 0
+    with atomic_open(path) as fh:
+        for row in rows:
+            fh.write(dumps(row) + "\n")
+            n += 1
+    return n
 
 
 def sha256_file(path: str | Path) -> str:

@@ -1,0 +1,104 @@
+"""Artifact I/O: strict reading with file:line, atomic writes, manifests, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_records, write_jsonl
+from spade_cli.records import parse
+
+pytestmark = pytest.mark.unit
+
+D = {"schema": "spade.design/1", "code": "x = 1", "hint": "h"}
+
+
+def test_bad_json_names_file_and_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps(D) + "\n\n" + '{"schema": "spade.design/1", "code": \n')
+    with pytest.raises(InputError) as err:
+        read_records(p)
+    assert str(err.value).startswith(f"{p}:3: not valid JSON")
+
+
+def test_several_files_and_globs(tmp_path):
+    for i in range(3):
+        write_jsonl(tmp_path / f"r.shard-{i}.jsonl", [{**D, "code": f"x = {i}"}])
+    recs = read_records([str(tmp_path / "r.shard-*.jsonl"), tmp_path / "r.shard-0.jsonl"])
+    assert [r.code for r in recs] == ["x = 0", "x = 1", "x = 2"]  # sorted, de-duplicated
+    assert len(expand_inputs(f"{tmp_path}/r.shard-0.jsonl,{tmp_path}/r.shard-1.jsonl")) == 2
+    with pytest.raises(InputError, match="matches no file"):
+        expand_inputs(str(tmp_path / "nothing-*.jsonl"))
+
+
+def _stage(tmp_path, inp, **config):
+    return Stage.begin("demo", tmp_path / "out.jsonl", config, {"designs": [inp]})
+
+
+def test_stage_protocol_up_to_date_and_refusal(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, [D])
+    st = _stage(tmp_path, inp, a=1)
+    assert st.status() == "new" and st.check() is False and st.resume() == []
+    with st.writer() as w:
+        w.write(parse(D))
+    manifest = st.commit(1, {"rows": 1})
+    assert manifest["output"]["rows"] == 1 and manifest["inputs"]["designs"][0]["rows"] == 1
+    assert not list(tmp_path.glob("out.jsonl.partial-*"))
+    assert _stage(tmp_path, inp, a=1).check() is True  # up to date
+    with pytest.raises(SpadeError, match=r"config changed: a 1 -> 2.*--force"):
+        _stage(tmp_path, inp, a=2).check()
+    write_jsonl(inp, [D, D])
+    with pytest.raises(SpadeError, match="inputs changed: designs"):
+        _stage(tmp_path, inp, a=1).check()
+    forced = Stage.begin("demo", tmp_path / "out.jsonl", {"a": 2}, {"designs": [inp]}, force=True)
+    assert forced.check() is False
+
+
+def test_hand_edited_output_is_not_up_to_date(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, [D])
+    st = _stage(tmp_path, inp)
+    with st.writer() as w:
+        w.write(parse(D))
+    st.commit(1)
+    (tmp_path / "out.jsonl").write_text("")
+    with pytest.raises(SpadeError, match="modified after its manifest"):
+        _stage(tmp_path, inp).check()
+
+
+def test_resume_drops_a_torn_last_line(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, [D])
+    st = _stage(tmp_path, inp)
+    st.partial.write_text(json.dumps({"n": 1}) + "\n" + json.dumps({"n": 2}) + "\n" + '{"n": 3')
+    assert st.resume() == [{"n": 1}, {"n": 2}]
+    with st.writer() as w:
+        w.write({"n": 3})
+    assert [json.loads(x)["n"] for x in st.partial.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_kill_during_atomic_write_never_leaves_a_partial_file(tmp_path):
+    """A writer killed with SIGKILL mid-write leaves the old file (or none) under the final name."""
+    target = tmp_path / "big.jsonl"
+    script = textwrap.dedent(f"""
+        import sys
+        from spade_cli.artifacts import write_jsonl
+        def rows():
+            for i in range(10**9):
+                if i == 2000:
+                    print("writing", flush=True)
+                yield {{"schema": "spade.design/1", "code": "x" * 100, "hint": str(i)}}
+        write_jsonl({str(target)!r}, rows())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not target.exists()

@@ -1,0 +1,145 @@
+"""The command line as users meet it: help, docs, exit codes, config files, the tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from spade_cli.app import app
+from spade_cli.cli import ConfigOpt, resolved_config
+from tests.conftest import REPO, run_spade
+
+HEAVY = ("torch", "transformers", "trl", "vllm", "lm_eval", "datasets")
+
+
+def _commands() -> list[str]:
+    return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", _commands())
+def test_every_command_has_help_and_appears_in_the_readme(name):
+    res = CliRunner().invoke(app, [name, "--help"])
+    assert res.exit_code == 0, res.output
+    cmd = next(c for c in app.registered_commands if (c.name or "") == name)
+    assert (cmd.callback.__doc__ or "").strip(), f"`spade {name}` has no help text"
+    assert "Example" in cmd.callback.__doc__, f"`spade {name}` help lacks an example"
+    assert f"spade {name}" in (REPO / "README.md").read_text(), f"`spade {name}` is not in the README"
+
+
+@pytest.mark.unit
+def test_help_imports_no_heavy_library():
+    code = ("import sys; from spade_cli.app import app; from typer.testing import CliRunner;"
+            "CliRunner().invoke(app, ['--help']);"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.unit
+def test_config_file_sets_options_and_flags_win(tmp_path):
+    demo = typer.Typer()
+
+    @demo.command()
+    def run(ctx: typer.Context, config: ConfigOpt = None, n: int = 1, name: str = "a") -> None:
+        print(json.dumps(resolved_config(ctx)))
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("n: 5\nname: from-file\n")
+    res = CliRunner().invoke(demo, ["--config", str(cfg), "--name", "flag"])
+    assert json.loads(res.output) == {"n": 5, "name": "flag"}
+    cfg.write_text("bogus-key: 1\n")
+    res = CliRunner().invoke(demo, ["--config", str(cfg)])
+    assert res.exit_code == 2 and "unknown option 'bogus-key'" in " ".join(res.output.replace("│", " ").split())
+
+
+@pytest.mark.integration
+def test_inspect_names_the_bad_line_and_exits_1(tmp_path):
+    p = tmp_path / "v.jsonl"
+    p.write_text('{"schema": "spade.validation/1", "code": "x", "hint": "h", "valid": true}\n{"schema": "spade.val')
+    res = run_spade("inspect", p)
+    assert res.returncode == 1
+    assert f"{p}:2: not valid JSON" in res.stderr.replace("\n", "")
+    res = run_spade("inspect", tmp_path / "missing.jsonl")
+    assert res.returncode == 1 and "no such file" in res.stderr
+    res = run_spade("inspect")
+    assert res.returncode == 2
+
+
+@pytest.mark.integration
+def test_inspect_summarises_and_shows_a_row(tmp_path):
+    p = tmp_path / "v.jsonl"
+    rows = [{"schema": "spade.validation/1", "code": "x = 1", "hint": "h", "valid": True},
+            {"schema": "spade.validation/1", "code": "x = (", "hint": "h", "valid": False,
+             "reason": "syntax_error"},
+            {"schema": "spade.rollout/1", "episode_id": "e1", "env_id": "a", "iteration": 0, "hinted": True,
+             "seed": 1, "pair": 0, "return": 1.0},
+            {"schema": "spade.rollout/1", "episode_id": "e2", "env_id": "a", "iteration": 0, "hinted": False,
+             "seed": 1, "pair": 0, "return": 0.25}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run_spade("inspect", p, "--json")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["valid"] == 1 and info["invalid_reasons"] == {"syntax_error": 1}
+    assert info["returns"]["hinted"]["mean"] == 1.0 and info["returns"]["unhinted"]["mean"] == 0.25
+    res = run_spade("inspect", p, "--row", "1")
+    assert res.returncode == 0 and "syntax_error" in res.stderr and "x = (" in res.stderr
+
+
+@pytest.mark.integration
+def test_init_model_builds_a_loadable_chat_model(tmp_path):
+    out = tmp_path / "tiny"
+    res = run_spade("init-model", "--out", out, "--size", "tiny")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "ok" and summary["params"] < 1_000_000
+    again = run_spade("init-model", "--out", out, "--size", "tiny")
+    assert json.loads(again.stdout)["status"] == "up to date"
+    assert not list(tmp_path.glob(".tiny.tmp-*"))
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert model.config.head_dim == 64
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"]
+    gen = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=True)
+    assert gen.shape[1] > len(ids)
+    # <think> and tool tokens are single tokens that survive skip_special_tokens.
+    enc = tok("<think>a</think><tool_call>", add_special_tokens=False)["input_ids"]
+    assert len(enc) == 4 and tok.decode(enc, skip_special_tokens=True) == "<think>a</think><tool_call>"
+
+
+@pytest.mark.unit
+def test_chat_template_never_rewrites_history(tiny_model):
+    """The rollout relies on this: rendering a longer chat extends the shorter one's tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    short = [{"role": "system", "content": "s"}, {"role": "user", "content": "obs 1"},
+             {"role": "assistant", "content": "<think>\nplan\n</think>\n\nmove"}]
+    long = short + [{"role": "user", "content": "obs 2"}]
+    a = tok.apply_chat_template(short, tokenize=False)
+    b = tok.apply_chat_template(long, tokenize=False, add_generation_prompt=True)
+    assert b.startswith(a) and "<think>\nplan\n</think>" in b
+
+
+@pytest.mark.unit
+def test_paths_come_from_the_layout(tmp_path):
+    res = CliRunner().invoke(app, ["paths", str(tmp_path / "run"), "-i", "7"])
+    table = json.loads(res.output)
+    assert table["validated"] == str(tmp_path / "run" / "iter_0007" / "validated.jsonl")
+    assert table["next_ckpt"] == str(tmp_path / "run" / "ckpt" / "iter_0008")
+    res = CliRunner().invoke(app, ["paths", str(tmp_path / "run"), "-i", "7", "--key", "memory"])
+    assert res.output.strip() == str(tmp_path / "run" / "memory.jsonl")
+    assert re.search("choose one of", CliRunner().invoke(app, ["paths", "r", "--key", "x"]).output)
