@@ -156,3 +156,19 @@ def test_unknown_backend_and_bad_dtype_are_user_errors():
         load_backend("nope", "no-such-model")
     with pytest.raises(SpadeError, match="dtype"):
         load_backend("hf", "no-such-model", dtype="float8")
+
+
+@pytest.mark.unit
+def test_fake_backend_scripts_outputs_in_order(tmp_path, monkeypatch):
+    import json
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["alpha", "bet", "gamma"]))
+    monkeypatch.setenv("SPADE_FAKE_OUTPUTS", str(script))
+    fake = load_backend("fake", "no-such-model")
+    ids = render_chat(fake.tokenizer, [{"role": "user", "content": "hi"}])
+    assert fake.tokenizer.decode(ids) == "<user>hi</user>\n<assistant>"
+    out = fake.generate([ids, ids], n=2, sampling=Sampling(max_tokens=4))
+    assert [[s.text for s in g] for g in out] == [["alph", "bet"], ["gamm", "alph"]]
+    assert [[s.finish_reason for s in g] for g in out] == [["length", "stop"], ["length", "length"]]
+    assert fake.calls == 1 and fake.requests[0][1] == 2

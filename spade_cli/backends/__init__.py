@@ -57,6 +57,7 @@ BACKENDS = {
     "hf": "spade_cli.backends.hf:HFBackend",
     "vllm": "spade_cli.backends.vllm:VLLMBackend",
     "openai": "spade_cli.backends.openai:OpenAIBackend",
+    "fake": "spade_cli.backends.fake:FakeBackend",  # scripted outputs for tests
 }
 
 
