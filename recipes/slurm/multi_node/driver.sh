@@ -20,10 +20,15 @@ for ((i = 0; i < ITERS; i++)); do
     --seed "$SEED" --out "$(p designs)" $( [[ -f "$(p memory)" ]] && echo --memory "$(p memory)" )
   spade validate --designs "$(p designs)" --out "$(p validated)"
   serve=$(sbatch --parsable --nodes="$SERVE_NODES" --export=ALL,CKPT="$ckpt",RUN="$RUN" "$HERE/serve.sbatch")
+  fleet_ready() {
+    [[ -s "$RUN/servers.txt" ]] || return 1
+    local s
+    while read -r s; do curl -sf "http://$s/health" >/dev/null || return 1; done < "$RUN/servers.txt"
+  }
   # wait (bounded) until every server of the fleet answers its health check
-  for ((t = 0; t < ${SERVE_WAIT_S:-1800}; t += 10)); do
-    [[ -s "$RUN/servers.txt" ]] && ! while read -r s; do curl -sf "http://$s/health" >/dev/null || exit 0; done \
-      < "$RUN/servers.txt" && break
+  for ((t = 0; ; t += 10)); do
+    fleet_ready && break
+    ((t < ${SERVE_WAIT_S:-1800})) || { echo "vllm fleet not ready after ${SERVE_WAIT_S:-1800}s" >&2; exit 1; }
     sleep 10
   done
   arr=$(sbatch --parsable --wait --array=0-$((SHARDS - 1)) --export=ALL,RUN="$RUN",ITER="$i",MODEL="$MODEL" \
