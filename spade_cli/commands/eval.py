@@ -1,0 +1,128 @@
+"""`spade eval`: a checkpoint on held-out tasks, or two eval files side by side (``--compare``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spade_cli.cli import (
+    PANEL_LOOP,
+    BackendOpt,
+    BaseUrlOpt,
+    ConfigOpt,
+    ForceOpt,
+    SeedOpt,
+    command,
+    console,
+    finish,
+    resolved_config,
+)
+
+
+def _fmt(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.4f}" if signed else f"{v:.4f}"
+
+
+def _show_compare(result: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"A = {result['a']}\nB = {result['b']}", title_justify="left")
+    for col, just in (("task", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
+                      ("B - A", "right"), ("z", "right")):
+        t.add_column(col, justify=just)
+    for r in result["rows"]:
+        diff = _fmt(r["diff"], signed=True)
+        if r["diff"] is not None and r["diff"] != 0:
+            diff = f"[{'green' if r['diff'] > 0 else 'red'}]{diff}[/]"
+        t.add_row(r["task"], r["metric"], _fmt(r["a"]), _fmt(r["b"]), diff,
+                  "-" if r["z"] is None else f"{r['z']:+.2f}")
+    console.print(t)
+
+
+def _show_results(result: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=result["out"], title_justify="left")
+    for col in ("task", "metric", "value", "stderr", "n"):
+        t.add_column(col, justify="left" if col in ("task", "metric") else "right")
+    for r in result["results"]:
+        t.add_row(r["task"], r["metric"], _fmt(r["value"]), _fmt(r["stderr"]), str(r["n"] or "-"))
+    console.print(t)
+
+
+def eval_(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option("--model", help="Checkpoint directory, hub id, or the "
+                                              "server's model name with --backend openai.")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task specs: lm:<task or "
+                                              "YAML>, rg:<dataset or category>[:N], envs:<validated.jsonl>, "
+                                              "evalscope:<benchmark>.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output eval.jsonl (written atomically).",
+                                             dir_okay=False)] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="A named task list: 'paper' (the paper's "
+                                               "held-out benchmarks; implies --chat-template).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N items per task.")] = None,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per generate call "
+                                            "(lm-eval batch size; concurrent requests for openai).")] = 8,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Generation cap per item "
+                                                   "(default: the task's own; 1024 for rg:).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature for rg: "
+                                               "and evalscope: tasks (0 = greedy).")] = 0.0,
+    chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Apply the "
+                                                "model's chat template in lm-eval tasks.")] = False,
+    evalscope_bin: Annotated[str, typer.Option("--evalscope-bin", help="The evalscope executable (it "
+                                               "lives in its own environment).")] = "evalscope",
+    compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two eval "
+                                                              "files A B instead (prints B - A).",
+                                                              exists=True, dir_okay=False)] = None,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Evaluate a checkpoint on lm-eval, Reasoning Gym, held-out env and evalscope tasks.
+
+    Writes one spade.eval/1 row per (task, metric) to --out and keeps each harness's own result
+    files beside it (OUT.lm_eval/, OUT.rg/, OUT.evalscope/).
+
+    Example: [bold]spade eval --model ckpt/tiny --tasks rg:basic_arithmetic:20,lm:spade_tiny_qa
+    --out eval.jsonl[/]
+
+    Compare: [bold]spade eval --compare eval/iter_0000.jsonl eval/iter_0002.jsonl[/]
+    """
+    from stages import eval as stage
+
+    if compare is not None:
+        result = stage.compare(*compare)
+        _show_compare(result)
+        finish(result)
+        return
+    if model is None or out is None:
+        raise typer.BadParameter("--model and --out are required (or use --compare A B)")
+    if backend not in ("hf", "vllm", "openai"):
+        raise typer.BadParameter("choose hf, vllm or openai", param_hint="--backend")
+    try:
+        specs = stage.resolve_tasks(tasks, preset)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tasks") from None
+    if any(s.kind == "evalscope" for s in specs) and not base_url:
+        raise typer.BadParameter("evalscope: tasks need an OpenAI-compatible server", param_hint="--base-url")
+    cfg = resolved_config(ctx)
+    cfg.pop("compare", None)
+    cfg.pop("evalscope_bin", None)
+    result = stage.run(model, specs, out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
+                       max_tokens=max_tokens, temperature=temperature, seed=seed,
+                       chat_template=chat_template or preset == "paper", evalscope_bin=evalscope_bin,
+                       force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+    if result["status"] != "up to date":
+        _show_results(result)
+    finish(result)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval", rich_help_panel=PANEL_LOOP)(command(eval_))

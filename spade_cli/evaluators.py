@@ -1,0 +1,422 @@
+"""The evaluation adapters behind `spade eval`: one function per kind of task spec.
+
+A task spec is ``kind:name[:N]``:
+
+- ``lm:<task>`` runs an lm-evaluation-harness task through ``lm_eval.simple_evaluate`` (a built-in
+  name such as ``aime25``, or a path to a task YAML or a folder of them). lm-eval's own results
+  JSON and per-sample logs are kept in ``OUT.lm_eval/<task>/``.
+- ``rg:<dataset or category>[:N]`` generates N Reasoning Gym items with the run seed, prompts the
+  model through spade's own backends with Reasoning Gym's default system prompt, extracts the
+  answer (the last ``<answer>…</answer>`` after any ``</think>``, else the last non-empty line)
+  and scores it with the dataset's own ``score_answer``. Per-item logs go to ``OUT.rg/``.
+- ``envs:<validated.jsonl>`` plays a held-out environment suite without the hint through the
+  rollout stage and reports the mean unhinted return.
+- ``evalscope:<benchmark>`` runs an evalscope benchmark (``bfcl_v4``, ``acebench``,
+  ``tau2_bench``, ``live_code_bench``) as a subprocess against an OpenAI-compatible server and
+  reads its report JSON from ``OUT.evalscope/<benchmark>/``.
+
+Every adapter returns ``spade.eval/1`` rows, one per (task, metric). The tiny model in the tests
+scores near zero everywhere; the point there is that the real harnesses run end to end offline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spade_cli.artifacts import SpadeError, atomic_write_text, write_jsonl
+from spade_cli.records import Eval
+
+KINDS = ("lm", "rg", "envs", "evalscope")
+PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
+# The paper's held-out benchmarks (DESIGN §1). lm-eval, Reasoning Gym and evalscope names as
+# spelled by those projects; `rg:` entries are Reasoning Gym categories (items drawn round-robin
+# over the category's datasets).
+PAPER_PRESET = (
+    "lm:aime25", "lm:gpqa_diamond_cot_zeroshot",
+    "rg:logic:100", "rg:games:100", "rg:algorithmic:100", "rg:graphs:100",
+    "evalscope:live_code_bench", "evalscope:bfcl_v4", "evalscope:acebench", "evalscope:tau2_bench",
+)
+# Extra dataset arguments evalscope needs to match the paper's versions of its benchmarks.
+EVALSCOPE_DATASET_ARGS = {"live_code_bench": {"subset_list": ["release_v6"]}}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    kind: str
+    name: str
+    n: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.name}" + (f":{self.n}" if self.n is not None else "")
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe form of the name, for the harness's side folders."""
+        base = Path(self.name).stem if "/" in self.name else self.name
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", base + (f"_{self.n}" if self.n is not None else ""))
+
+
+def parse_spec(text: str) -> TaskSpec:
+    """``lm:aime25`` -> TaskSpec; raises ValueError with a readable message (a usage error)."""
+    kind, sep, rest = text.strip().partition(":")
+    if not sep or kind not in KINDS or not rest:
+        raise ValueError(f"bad task spec {text!r}: expected one of {', '.join(k + ':<name>' for k in KINDS)}")
+    n = None
+    if kind == "rg":
+        name, _, count = rest.partition(":")
+        if count:
+            if not count.isdigit() or int(count) < 1:
+                raise ValueError(f"bad task spec {text!r}: the item count after the second ':' must be >= 1")
+            n = int(count)
+        rest = name
+    return TaskSpec(kind, rest, n)
+
+
+def parse_specs(texts: str | list[str]) -> list[TaskSpec]:
+    """Comma-separated (or repeated) specs, in order, without duplicates."""
+    parts = [texts] if isinstance(texts, str) else list(texts)
+    out: list[TaskSpec] = []
+    for part in parts:
+        for item in part.split(","):
+            if item.strip():
+                spec = parse_spec(item)
+                if spec not in out:
+                    out.append(spec)
+    return out
+
+
+@dataclass
+class EvalContext:
+    """Everything an adapter needs besides its spec; ``out`` names the side folders."""
+
+    model: str
+    out: Path
+    backend: str = "hf"
+    base_url: str | None = None
+    limit: int | None = None
+    batch_size: int = 8
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    chat_template: bool = False
+    evalscope_bin: str = "evalscope"
+    log: Callable[[str], None] = lambda msg: None
+    _backend: Any = field(default=None, repr=False)
+
+    def side_dir(self, harness: str, spec: TaskSpec) -> Path:
+        return Path(f"{self.out}.{harness}") / spec.slug
+
+    def row(self, spec: TaskSpec, metric: str, value: float | None, harness: str, stderr: float | None = None,
+            n: int | None = None, task: str | None = None, **extra: Any) -> Eval:
+        return Eval(task=task or spec.label, metric=metric, value=value, stderr=stderr, n=n, model=self.model,
+                    backend=self.backend, harness=harness, extra={"spec": spec.label, **extra})
+
+    def generator(self) -> Any:
+        """spade's own backend, loaded once and shared by every `rg:` task."""
+        if self._backend is None:
+            from spade_cli.backends import load_backend
+
+            kwargs = {"base_url": self.base_url} if self.backend == "openai" else {}
+            self._backend = load_backend(self.backend, self.model, **kwargs)
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+# -- lm-eval -----------------------------------------------------------------------------------
+
+def _local_task(spec: TaskSpec) -> tuple[list[Any], str | None]:
+    """The tasks argument for a YAML/dir spec (or a bundled task name) and the include path.
+
+    A YAML that loads as plain data is passed to lm-eval as a dict with its relative
+    ``data_files`` made absolute against the YAML's folder, so it runs from any working
+    directory; other YAMLs (with ``!function`` tags) go through ``include_path`` unchanged.
+    """
+    import yaml
+
+    path = Path(spec.name)
+    if not path.exists() and (PACKAGED_TASKS / f"{spec.name}.yaml").exists():
+        path = PACKAGED_TASKS / f"{spec.name}.yaml"
+    if not path.exists():
+        return [spec.name], None
+    if path.is_dir():
+        return [p.stem if not _task_name(p) else _task_name(p) for p in sorted(path.glob("*.yaml"))], str(path)
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return [_task_name(path) or path.stem], str(path.parent)
+    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+    if isinstance(files, dict):
+        cfg["dataset_kwargs"]["data_files"] = {
+            split: str(path.parent / f) if not Path(f).is_absolute() and (path.parent / f).exists() else f
+            for split, f in files.items()}
+    return [cfg], None
+
+
+def _task_name(path: Path) -> str | None:
+    match = re.search(r"^task:\s*(\S+)", path.read_text(), re.M)
+    return match.group(1) if match else None
+
+
+def _lm_model(ctx: EvalContext) -> tuple[str, dict]:
+    if ctx.backend == "hf":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return "hf", {"pretrained": ctx.model, "dtype": "float32" if device == "cpu" else "auto",
+                      "device": device}
+    if ctx.backend == "vllm":
+        return "vllm", {"pretrained": ctx.model, "dtype": "auto", "gpu_memory_utilization": 0.85,
+                        "seed": ctx.seed}
+    if ctx.backend == "openai":
+        if not ctx.base_url:
+            raise SpadeError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        url = ctx.base_url.rstrip("/")
+        if not url.endswith("/chat/completions"):
+            url += "/chat/completions"
+        return "local-chat-completions", {"model": ctx.model, "base_url": url,
+                                          "num_concurrent": ctx.batch_size, "max_retries": 3}
+    raise SpadeError(f"lm-eval tasks support the hf, vllm and openai backends, not {ctx.backend!r}")
+
+
+def lm_rows(spec: TaskSpec, ctx: EvalContext, results: dict) -> list[Eval]:
+    """lm-eval's results dict -> one row per (task or group, metric, filter)."""
+    rows = []
+    n_samples = results.get("n-samples") or {}
+    for task, metrics in (results.get("results") or {}).items():
+        n = (n_samples.get(task) or {}).get("effective")
+        for key, value in metrics.items():
+            if "," not in key or "_stderr," in key or _finite(value) is None:
+                continue
+            metric, _, filt = key.partition(",")
+            stderr = _finite(metrics.get(f"{metric}_stderr,{filt}"))
+            name = metric if filt in ("none", "") else f"{metric},{filt}"
+            rows.append(ctx.row(spec, name, _finite(value), "lm-eval", stderr=stderr, n=n, task=f"lm:{task}"))
+    return rows
+
+
+def run_lm(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError as exc:
+        raise SpadeError(f"lm-eval is not installed here: {exc}") from None
+    tasks, include = _local_task(spec)
+    model, model_args = _lm_model(ctx)
+    chat = ctx.chat_template or ctx.backend == "openai"
+    ctx.log(f"lm-eval {spec.label}: model={model} limit={ctx.limit} chat_template={chat}")
+    try:
+        results = lm_eval.simple_evaluate(
+            model=model, model_args=model_args, tasks=tasks,
+            task_manager=TaskManager(include_path=include) if include else None,
+            batch_size=ctx.batch_size, limit=ctx.limit, log_samples=True, apply_chat_template=chat,
+            gen_kwargs={"max_gen_toks": ctx.max_tokens} if ctx.max_tokens else None,
+            random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
+            fewshot_random_seed=ctx.seed)
+    except ImportError as exc:
+        extra = " (pip install 'lm-eval[api]')" if ctx.backend == "openai" else ""
+        raise SpadeError(f"lm-eval cannot use backend {ctx.backend!r} here: {exc}{extra}") from None
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        raise SpadeError(f"lm-eval could not run {spec.label}: {exc}") from None
+    if not results:
+        raise SpadeError(f"lm-eval returned no results for {spec.label}")
+    side = ctx.side_dir("lm_eval", spec)
+    samples = results.pop("samples", None) or {}
+    atomic_write_text(side / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    for task, items in samples.items():
+        write_jsonl(side / f"samples_{task}.jsonl", [json.loads(json.dumps(s, default=str)) for s in items])
+    return lm_rows(spec, ctx, results)
+
+
+# -- Reasoning Gym -----------------------------------------------------------------------------
+
+_THINK_END = "</think>"
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def extract_answer(completion: str) -> str:
+    """The last <answer>…</answer> after any reasoning block, else the last non-empty line."""
+    text = completion.rsplit(_THINK_END, 1)[-1]
+    found = _ANSWER.findall(text)
+    if found:
+        return found[-1].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def rg_datasets(name: str) -> list[str]:
+    """A Reasoning Gym dataset name, or a category (its datasets in name order)."""
+    from reasoning_gym.factory import DATASETS
+
+    if name in DATASETS:
+        return [name]
+    in_category = sorted(ds for ds, entry in DATASETS.items()
+                         if (entry[0] if isinstance(entry, tuple) else entry).__module__.split(".")[1] == name
+                         and ds != "composite")
+    if not in_category:
+        raise SpadeError(f"rg:{name}: not a Reasoning Gym dataset or category")
+    return in_category
+
+
+def rg_items(spec: TaskSpec, n: int, seed: int) -> list[tuple[str, dict, Any]]:
+    """(dataset name, item, dataset) for n items drawn round-robin over the spec's datasets."""
+    import reasoning_gym
+
+    names = rg_datasets(spec.name)
+    per = -(-n // len(names))
+    made = {}
+    for ds_name in names:
+        try:
+            made[ds_name] = reasoning_gym.create_dataset(ds_name, size=per, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - a dataset needing absent data is named, not hidden
+            raise SpadeError(f"rg:{spec.name}: cannot build Reasoning Gym dataset {ds_name!r}: {exc}") from None
+    return [(names[i % len(names)], made[names[i % len(names)]][i // len(names)],
+             made[names[i % len(names)]]) for i in range(n)]
+
+
+def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and standard error of the mean (sample std / sqrt(n)); stderr None below 2 values."""
+    if not values:
+        return None, None
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, None
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return m, math.sqrt(var / len(values))
+
+
+def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    from spade_cli.backends import Sampling, render_chat
+
+    n = spec.n or ctx.limit or 50
+    if ctx.limit:
+        n = min(n, ctx.limit)
+    items = rg_items(spec, n, ctx.seed)
+    backend = ctx.generator()
+    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or 1024, seed=ctx.seed)
+    logs, scores = [], []
+    for start in range(0, len(items), ctx.batch_size):
+        batch = items[start:start + ctx.batch_size]
+        prompts = [render_chat(backend.tokenizer, [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
+                                                   {"role": "user", "content": item["question"]}])
+                   for _, item, _ in batch]
+        outs = backend.generate(prompts, n=1, sampling=sampling)
+        for (ds_name, item, ds), [sample] in zip(batch, outs, strict=True):
+            answer = extract_answer(sample.text)
+            try:
+                score = float(ds.score_answer(answer, item))
+            except Exception:  # noqa: BLE001 - a scorer crashing on garbage text scores 0, as in rg
+                score = 0.0
+            scores.append(score)
+            logs.append({"dataset": ds_name, "question": item["question"], "gold": item["answer"],
+                         "completion": sample.text, "extracted": answer, "score": score})
+        ctx.log(f"{spec.label}: {len(scores)}/{n} items, mean score {sum(scores) / len(scores):.3f}")
+    write_jsonl(ctx.side_dir("rg", spec).with_suffix(".jsonl"), logs)
+    value, stderr = mean_stderr(scores)
+    return [ctx.row(spec, "score", value, "reasoning-gym", stderr=stderr, n=len(scores),
+                    datasets=sorted({log["dataset"] for log in logs}))]
+
+
+# -- evalscope ---------------------------------------------------------------------------------
+
+def evalscope_command(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[str]:
+    """The `evalscope eval` command line for one benchmark against an OpenAI-compatible server."""
+    if not ctx.base_url:
+        raise SpadeError(f"{spec.label} talks to an OpenAI-compatible server: pass --base-url "
+                         "(e.g. http://127.0.0.1:8000/v1 from `vllm serve`)")
+    gen = {"temperature": ctx.temperature, "seed": ctx.seed}
+    if ctx.max_tokens:
+        gen["max_tokens"] = ctx.max_tokens
+    cmd = [*ctx.evalscope_bin.split(), "eval", "--model", ctx.model, "--api-url", ctx.base_url.rstrip("/"),
+           "--api-key", os.environ.get("OPENAI_API_KEY", "EMPTY"), "--eval-type", "openai_api",
+           "--datasets", spec.name, "--work-dir", str(work_dir), "--no-timestamp",
+           "--seed", str(ctx.seed), "--eval-batch-size", str(ctx.batch_size),
+           "--generation-config", json.dumps(gen)]
+    if spec.name in EVALSCOPE_DATASET_ARGS:
+        cmd += ["--dataset-args", json.dumps({spec.name: EVALSCOPE_DATASET_ARGS[spec.name]})]
+    if ctx.limit:
+        cmd += ["--limit", str(ctx.limit)]
+    return cmd
+
+
+def evalscope_rows(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[Eval]:
+    """Rows from evalscope's ``reports/<model>/<dataset>.json`` (report schema v1 or v2)."""
+    rows = []
+    for path in sorted(work_dir.rglob("reports/**/*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpadeError(f"{path}: unreadable evalscope report: {exc}") from None
+        for metric in report.get("metrics") or []:
+            ident = metric.get("identity") or {}
+            name = metric.get("legacy_name") or metric.get("name") or ident.get("name") or "score"
+            dims = ident.get("dimensions") or {}
+            if dims:
+                name += "," + ",".join(f"{k}={v}" for k, v in sorted(dims.items()))
+            rows.append(ctx.row(spec, name, _finite(metric.get("score")), "evalscope", n=metric.get("num"),
+                                report=str(path)))
+    if not rows:
+        raise SpadeError(f"{spec.label}: evalscope wrote no report under {work_dir}")
+    return rows
+
+
+def run_evalscope(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    work_dir = ctx.side_dir("evalscope", spec)
+    cmd = evalscope_command(spec, ctx, work_dir)
+    if shutil.which(cmd[0]) is None and not Path(cmd[0]).exists():
+        raise SpadeError(f"{spec.label} needs evalscope ({cmd[0]!r} not found): install it in its own "
+                         "environment (pip install 'evalscope[app]') and pass --evalscope-bin PATH")
+    ctx.log("running " + " ".join(cmd))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "spade_evalscope.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SpadeError(f"{spec.label}: evalscope exited {proc.returncode}; see {work_dir / 'spade_evalscope.log'}")
+    return evalscope_rows(spec, ctx, work_dir)
+
+
+# -- held-out environments ---------------------------------------------------------------------
+
+def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    """Mean unhinted return over a held-out suite, played by the rollout stage's own core."""
+    try:
+        from stages import rollout
+    except ImportError:
+        raise SpadeError("envs: tasks need the rollout stage (stages/rollout.py), which this build lacks") from None
+    suite = Path(spec.name)
+    if not suite.exists():
+        raise SpadeError(f"{spec.label}: no such file")
+    out = ctx.side_dir("envs", spec).with_suffix(".rollouts.jsonl")
+    return _envs_rows(spec, ctx, rollout, suite, out)
+
+
+def _envs_rows(spec: TaskSpec, ctx: EvalContext, rollout: Any, suite: Path, out: Path) -> list[Eval]:
+    raise SpadeError("envs: tasks are not implemented yet (waiting for the rollout stage's core)")
+
+
+ADAPTERS: dict[str, Callable[[TaskSpec, EvalContext], list[Eval]]] = {
+    "lm": run_lm, "rg": run_rg, "envs": run_envs, "evalscope": run_evalscope,
+}
