@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, atomic_write_text, write_jsonl
+from spade_cli.artifacts import SpadeError, atomic_write_text, read_records, write_jsonl
 from spade_cli.records import Eval
 
 KINDS = ("lm", "rg", "envs", "evalscope")
@@ -110,6 +110,9 @@ class EvalContext:
     seed: int = 0
     chat_template: bool = False
     evalscope_bin: str = "evalscope"
+    k: int = 4
+    max_turns: int = 16
+    force: bool = False
     log: Callable[[str], None] = lambda msg: None
     _backend: Any = field(default=None, repr=False)
 
@@ -401,20 +404,36 @@ def run_evalscope(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
 # -- held-out environments ---------------------------------------------------------------------
 
 def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
-    """Mean unhinted return over a held-out suite, played by the rollout stage's own core."""
+    """Mean unhinted return over a held-out suite, played by the rollout stage's own core.
+
+    The rollout core plays every env k times without the hint and k times with it on the same
+    seeds; the unhinted mean is the score, the hinted mean is kept as a second metric. Its
+    episodes go to ``OUT.envs/<suite>.rollouts.jsonl``, resumable like any rollout.
+    """
     try:
+        from spade_cli.episodes import PlayConfig
+        from spade_cli.sandbox import SandboxPool  # noqa: F401 - the rollout core needs it
         from stages import rollout
-    except ImportError:
-        raise SpadeError("envs: tasks need the rollout stage (stages/rollout.py), which this build lacks") from None
+    except ImportError as exc:
+        raise SpadeError(f"envs: tasks need the rollout stage and the sandbox, missing here: {exc}") from None
+
     suite = Path(spec.name)
     if not suite.exists():
         raise SpadeError(f"{spec.label}: no such file")
     out = ctx.side_dir("envs", spec).with_suffix(".rollouts.jsonl")
-    return _envs_rows(spec, ctx, rollout, suite, out)
+    play = PlayConfig(max_turns=ctx.max_turns, max_new_tokens=ctx.max_tokens or 512,
+                      temperature=ctx.temperature, seed=ctx.seed)
+    rollout.run(ctx.model, [suite], out, k=ctx.k, seed=ctx.seed, backend=ctx.backend, base_url=ctx.base_url,
+                play=play, force=ctx.force, backend_obj=ctx.generator())
 
-
-def _envs_rows(spec: TaskSpec, ctx: EvalContext, rollout: Any, suite: Path, out: Path) -> list[Eval]:
-    raise SpadeError("envs: tasks are not implemented yet (waiting for the rollout stage's core)")
+    episodes = read_records(out, expect="spade.rollout")
+    rows = []
+    for side, hinted in (("unhinted_return", False), ("hinted_return", True)):
+        values = [e.return_ for e in episodes if e.hinted is hinted]
+        mean, stderr = mean_stderr(values)
+        rows.append(ctx.row(spec, side, mean, "spade-rollout", stderr=stderr, n=len(values),
+                            envs=len({e.env_id for e in episodes}), k=ctx.k))
+    return rows
 
 
 ADAPTERS: dict[str, Callable[[TaskSpec, EvalContext], list[Eval]]] = {

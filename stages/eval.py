@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, Stage, read_records
+from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_records
 from spade_cli.evaluators import ADAPTERS, PAPER_PRESET, EvalContext, TaskSpec, parse_specs
 from spade_cli.records import Eval, parse
 
@@ -49,7 +49,8 @@ def resolve_tasks(tasks: str | list[str] | None, preset: str | None) -> list[Tas
 
 def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "hf", base_url: str | None = None,
         limit: int | None = None, batch_size: int = 8, max_tokens: int | None = None, temperature: float = 0.0,
-        seed: int = 0, chat_template: bool = False, evalscope_bin: str = "evalscope", force: bool = False,
+        seed: int = 0, chat_template: bool = False, evalscope_bin: str = "evalscope", k: int = 4,
+        max_turns: int = 16, force: bool = False,
         config: dict | None = None, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Run every task spec not already in the partial output; returns the summary dict."""
     out = Path(out)
@@ -58,11 +59,11 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         inputs["model"] = [model]
     suites = [spec.name for spec in tasks if spec.kind == "envs"]
     if suites:
-        inputs["envs"] = suites
+        inputs["envs"] = expand_inputs(suites)  # names a missing suite file before any work
     cfg = config if config is not None else {
         "model": model, "tasks": [s.label for s in tasks], "backend": backend, "base_url": base_url,
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-        "chat_template": chat_template}
+        "chat_template": chat_template, "k": k, "max_turns": max_turns}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)
     if stage.check():
         rows = read_records(out, expect="spade.eval")
@@ -71,7 +72,7 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     finished = {r.extra.get("spec") for r in done}
     ctx = EvalContext(model=model, out=out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
                       max_tokens=max_tokens, temperature=temperature, seed=seed, chat_template=chat_template,
-                      evalscope_bin=evalscope_bin, log=log)
+                      evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, force=force, log=log)
     rows = list(done)
     try:
         with stage.writer() as writer:

@@ -78,6 +78,8 @@ def eval_(
                                                 "model's chat template in lm-eval tasks.")] = False,
     evalscope_bin: Annotated[str, typer.Option("--evalscope-bin", help="The evalscope executable (it "
                                                "lives in its own environment).")] = "evalscope",
+    k: Annotated[int, typer.Option("--k", min=1, help="Episodes per env and side for envs: tasks.")] = 4,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap for envs: tasks.")] = 16,
     compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two eval "
                                                               "files A B instead (prints B - A).",
                                                               exists=True, dir_okay=False)] = None,
@@ -118,7 +120,7 @@ def eval_(
     result = stage.run(model, specs, out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
                        max_tokens=max_tokens, temperature=temperature, seed=seed,
                        chat_template=chat_template or preset == "paper", evalscope_bin=evalscope_bin,
-                       force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+                       k=k, max_turns=max_turns, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)
