@@ -1,0 +1,75 @@
+"""`spade regret`: score an iteration's environments for the Designer, update memory, pick replays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, OutFileOpt, command, console, finish
+
+PANEL_SIGNAL = "Signal"
+PANEL_REPLAY = "Memory and replay"
+
+
+def regret(
+    envs: Annotated[list[str], typer.Option("--envs", help="validated.jsonl (several files or a glob).")],
+    rollouts: Annotated[list[str], typer.Option("--rollouts", help="Rollout JSONL: files, shards or a glob.")],
+    out: OutFileOpt,
+    memory: Annotated[Path | None, typer.Option(
+        "--memory", dir_okay=False, rich_help_panel=PANEL_REPLAY,
+        help="memory.jsonl to merge this iteration into (created if missing).")] = None,
+    signal: Annotated[str, typer.Option(
+        "--signal", rich_help_panel=PANEL_SIGNAL, help="Designer reward: regret, ema_lp or learnability.")]
+    = "regret",
+    clip_negative: Annotated[bool, typer.Option(
+        "--clip-negative", rich_help_panel=PANEL_SIGNAL, help="Clip a negative regret reward to 0.")] = False,
+    invalid_reward: Annotated[float, typer.Option(
+        "--invalid-reward", rich_help_panel=PANEL_SIGNAL, help="Reward of invalid designs and parse failures.")]
+    = -1.0,
+    success_threshold: Annotated[float, typer.Option(
+        "--success-threshold", rich_help_panel=PANEL_SIGNAL,
+        help="An episode succeeds when its return reaches this (learnability, ema_lp).")] = 0.5,
+    iteration: Annotated[int | None, typer.Option(
+        "--iteration", help="Iteration number (default: the one in the --envs rows).")] = None,
+    replay: Annotated[int, typer.Option(
+        "--replay", min=0, rich_help_panel=PANEL_REPLAY, help="Write the K most promising memory envs.")] = 0,
+    replay_out: Annotated[Path | None, typer.Option(
+        "--replay-out", dir_okay=False, rich_help_panel=PANEL_REPLAY,
+        help="Where --replay writes its spade.validation/1 rows.")] = None,
+    replay_temperature: Annotated[float, typer.Option(
+        "--replay-temperature", min=1e-6, rich_help_panel=PANEL_REPLAY,
+        help="PLR beta: P_S ∝ (1/rank)^(1/beta) on positive regret.")] = 0.1,
+    replay_staleness: Annotated[float, typer.Option(
+        "--replay-staleness", min=0.0, max=1.0, rich_help_panel=PANEL_REPLAY,
+        help="PLR rho: weight of the staleness distribution.")] = 0.1,
+    embedding: Annotated[str, typer.Option(
+        "--embedding", help="Diversity embedding: tfidf, minilm, or a local HF model directory.")] = "tfidf",
+    config: ConfigOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Turn rollouts into the Designer's reward (one spade.score/1 row per design), merge the iteration
+    into the environment memory, optionally write replay envs, and report the Vendi diversity.
+
+    Example: [bold]spade regret --envs it0/validated.jsonl --rollouts 'it0/rollouts*.jsonl'
+    --out it0/scores.jsonl --memory run/memory.jsonl --replay 4 --replay-out it0/replay.jsonl[/]
+    """
+    from stages import regret as stage
+
+    if signal not in ("regret", "ema_lp", "learnability"):
+        raise typer.BadParameter("choose regret, ema_lp or learnability", param_hint="--signal")
+    if replay and replay_out is None:
+        raise typer.BadParameter("--replay K needs --replay-out FILE", param_hint="--replay-out")
+    summary = stage.run(envs, rollouts, out, memory=memory, signal=signal, clip_negative=clip_negative,
+                        invalid_reward=invalid_reward, iteration=iteration, success_threshold=success_threshold,
+                        replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
+                        replay_staleness=replay_staleness, embedding=embedding, force=force)
+    if summary.get("status") == "ok":
+        console.print(f"[green]scored[/] {summary['rows']} designs ({summary['valid']} valid, "
+                      f"{summary['episodes']} episodes) -> {out}; Vendi/n {summary['vendi_per_n']}")
+    finish(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("regret", rich_help_panel=PANEL_LOOP)(command(regret))

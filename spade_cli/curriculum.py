@@ -1,0 +1,150 @@
+"""Curriculum signals: what an environment is worth to the Designer, and which old ones to replay.
+
+Pure functions over plain numbers, so every formula can be checked by hand (tests/test_regret.py
+does). `stages/regret.py` feeds them the streamed rollout returns and the environment memory.
+
+- ``regret_stats``: hint-regret ``mean(hinted) - mean(unhinted)`` with a 95% confidence half-width.
+  When every pair index has exactly one hinted and one unhinted episode the interval comes from the
+  paired differences ``d_i = hinted_i - unhinted_i`` (same env seed, so the env's own variance
+  cancels): ``t(0.975, n-1) * sd(d) / sqrt(n)``. Otherwise (a shard missing, an episode dropped) it
+  falls back to Welch's unpaired interval ``t(0.975, min(n_h, n_u) - 1) * sqrt(s_h²/n_h + s_u²/n_u)``,
+  with the conservative degrees of freedom instead of Welch–Satterthwaite.
+- ``ema_lp``: Syllabus' learning progress (Kanitscheider et al. 2021) over an env's per-iteration
+  unhinted success rates: ``fast <- a*p + (1-a)*fast``, ``slow <- a*fast + (1-a)*slow`` (a = 0.1),
+  both starting at 0 ("an unseen task is unsolved", as in Syllabus' original curriculum); then
+  ``LP = |rw(fast) - rw(slow)|`` with ``rw(p) = p(1-t) / (p + t(1-2p))``, t = 0.1. Starting both
+  EMAs at the first observation (newer Syllabus) would give every new design exactly 0, leaving the
+  Designer's GRPO groups without signal.
+- ``learnability``: ``p(1-p)`` (Syllabus/SFL), p the unhinted success rate.
+- ``replay_priorities``: PLR (Jiang et al. 2021; minimax ``plr.py``) over past envs:
+  ``P = (1-rho) * P_S + rho * P_C`` with ``P_S(i) ∝ (1/rank_i)^(1/beta)`` on the score (positive
+  regret) and ``P_C(i) = staleness_i / sum(staleness)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+EMA_ALPHA = 0.1
+LP_THETA = 0.1
+
+# Student t 0.975 quantiles for 1..30 degrees of freedom; beyond, a Cornish-Fisher correction of
+# the normal quantile is within 0.001 of the exact value.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042)
+Z975 = 1.959964
+
+
+def t975(df: int) -> float:
+    """Two-sided 95% Student t quantile."""
+    if df < 1:
+        raise ValueError("a t quantile needs at least one degree of freedom")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def sample_var(xs: Sequence[float]) -> float:
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def regret_stats(hinted: dict[int, list[float]], unhinted: dict[int, list[float]]) -> dict:
+    """Means, counts, regret and its 95% CI from returns grouped by pair index.
+
+    Returns ``{hinted_mean, unhinted_mean, hinted_n, unhinted_n, regret, regret_ci95, paired}``;
+    means, regret and CI are None where they are undefined (no episodes, or n < 2 for the CI).
+    """
+    h = [r for rs in hinted.values() for r in rs]
+    u = [r for rs in unhinted.values() for r in rs]
+    out = {"hinted_mean": mean(h), "unhinted_mean": mean(u), "hinted_n": len(h), "unhinted_n": len(u),
+           "regret": None, "regret_ci95": None, "paired": False}
+    if not h or not u:
+        return out
+    out["regret"] = out["hinted_mean"] - out["unhinted_mean"]
+    complete = (hinted.keys() == unhinted.keys()
+                and all(len(hinted[k]) == 1 and len(unhinted[k]) == 1 for k in hinted))
+    if complete:
+        out["paired"] = True
+        diffs = [hinted[k][0] - unhinted[k][0] for k in sorted(hinted)]
+        if len(diffs) >= 2:
+            out["regret_ci95"] = t975(len(diffs) - 1) * math.sqrt(sample_var(diffs) / len(diffs))
+    elif len(h) >= 2 and len(u) >= 2:
+        se = math.sqrt(sample_var(h) / len(h) + sample_var(u) / len(u))
+        out["regret_ci95"] = t975(min(len(h), len(u)) - 1) * se
+    return out
+
+
+def success_rate(returns: Sequence[float], threshold: float) -> float | None:
+    """Share of episodes whose return reaches ``threshold`` (the env contract: 1 means solved)."""
+    return sum(r >= threshold for r in returns) / len(returns) if returns else None
+
+
+def learnability(p: float) -> float:
+    return p * (1.0 - p)
+
+
+def _reweight(p: float, theta: float = LP_THETA) -> float:
+    """Syllabus' reweighting: stretches differences near 0 and 1 where progress is slow to show."""
+    return p * (1.0 - theta) / (p + theta * (1.0 - 2.0 * p))
+
+
+def ema_lp(successes: Sequence[float], alpha: float = EMA_ALPHA, theta: float = LP_THETA) -> float:
+    """Learning progress after the success rates of an env's iterations, oldest first."""
+    fast = slow = 0.0
+    for p in successes:
+        fast = alpha * p + (1.0 - alpha) * fast
+        slow = alpha * fast + (1.0 - alpha) * slow
+    return abs(_reweight(fast, theta) - _reweight(slow, theta))
+
+
+def designer_reward(signal: str, stats: dict, clip_negative: bool = False) -> float | None:
+    """The reward of one valid env under ``signal``; None when its rollouts cannot define it.
+
+    ``stats`` holds ``regret``, ``unhinted_success`` and, for ema_lp, ``success_history`` (the
+    env's unhinted success per iteration, this one included, oldest first).
+    """
+    if signal == "regret":
+        r = stats.get("regret")
+        if r is None:
+            return None
+        return max(r, 0.0) if clip_negative else r
+    if signal == "learnability":
+        p = stats.get("unhinted_success")
+        return None if p is None else learnability(p)
+    if signal == "ema_lp":
+        hist = stats.get("success_history") or []
+        return ema_lp(hist) if hist else None
+    raise ValueError(f"unknown signal {signal!r}; choose regret, ema_lp or learnability")
+
+
+SIGNALS = ("regret", "ema_lp", "learnability")
+
+
+def replay_priorities(scores: Sequence[float], staleness: Sequence[float], beta: float = 0.1,
+                      rho: float = 0.1) -> list[float]:
+    """PLR replay distribution over candidates: rank prioritisation of ``scores`` mixed with staleness.
+
+    Ranks are 1 for the highest score; ties keep input order, so callers sort candidates by a stable
+    key first. When every staleness is 0 the staleness term is dropped rather than dividing by 0.
+    """
+    n = len(scores)
+    if n == 0:
+        return []
+    order = sorted(range(n), key=lambda i: -scores[i])
+    rank = [0] * n
+    for r, i in enumerate(order, 1):
+        rank[i] = r
+    w = [(1.0 / rank[i]) ** (1.0 / beta) for i in range(n)]
+    ps = [x / sum(w) for x in w]
+    total_age = sum(staleness)
+    if total_age <= 0:
+        return ps
+    return [(1.0 - rho) * ps[i] + rho * staleness[i] / total_age for i in range(n)]

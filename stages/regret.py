@@ -1,0 +1,358 @@
+"""Stage `regret`: rollouts -> the Designer's reward per environment, the memory, replay, diversity.
+
+Inputs: the iteration's ``validated.jsonl`` (every design with its verdict), its rollouts (one file,
+several, or a glob of shards) and optionally ``memory.jsonl``. Outputs:
+
+- ``scores.jsonl``: one ``spade.score/1`` row per input validation row, in input order, so the
+  Designer's GRPO groups stay complete. Invalid designs (parse failures included) get
+  ``invalid_reward``. A valid env whose rollouts cannot define the signal (none at all, or one side
+  missing) gets 0.0, the neutral reward, and ``note`` says why; the run warns about it.
+- ``memory.jsonl`` (when given), updated in place: every valid env of this iteration with rollouts,
+  and every replayed env found in the rollouts, gets its history entry for this iteration; a rerun
+  of the same iteration replaces that entry instead of appending a second. Memory rows also store
+  the env's ``code`` (an extra field) so that replay can hand it to the next rollout.
+- ``--replay-out`` (with ``--replay K``): the K most promising envs of the merged memory, as
+  ``spade.validation/1`` rows for the next iteration (see ``curriculum.replay_priorities``).
+- Diversity (Vendi score and Vendi/n of the valid designs) in the summary line and the manifest.
+
+The memory file is input and output at once. Its manifest fingerprint is therefore the memory
+*without this iteration's entries*: exactly what the merge depends on. A rerun after success is
+"up to date"; a memory changed by another iteration is refused unless --force; a memory that lost
+this iteration's merge (restored from a backup) is merged again, which is safe because it is
+idempotent.
+
+Rollouts are streamed: each line is hashed for the manifest and parsed in the same pass, and the
+token arrays (the bulk of every row) are cut out unparsed when they form a flat object of numbers,
+so 100k rows take seconds (recipes/bench_regret.py). Only (env_id, hinted, pair, return, error)
+is kept per episode.
+
+Example::
+
+    spade regret --envs it3/validated.jsonl --rollouts 'it3/rollouts*.jsonl' --out it3/scores.jsonl \\
+        --memory run/memory.jsonl --replay 4 --replay-out it3/replay.jsonl
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from spade_cli import curriculum
+from spade_cli.artifacts import (
+    InputError,
+    SpadeError,
+    Stage,
+    expand_inputs,
+    fingerprint,
+    manifest_path,
+    read_rows,
+    sha256_file,
+    write_jsonl,
+)
+from spade_cli.records import Memory, SchemaError, Score, Validation, to_row, upgrade
+
+STAGE = "regret"
+
+
+# -- rollouts --------------------------------------------------------------------------------------
+def _cut_tokens(raw: bytes) -> bytes:
+    """The line with its ``"tokens": {...}`` value replaced by null when that value is a flat object
+    holding no strings (arrays of numbers): then its first ``}`` is its end and cutting it cannot
+    change any other field. Anything else is left for the JSON parser."""
+    k = raw.find(b'"tokens":')
+    if k < 0:
+        return raw
+    start = k + 9
+    while start < len(raw) and raw[start] in b" \t":
+        start += 1
+    if start >= len(raw) or raw[start] != ord("{"):
+        return raw
+    end = raw.find(b"}", start)
+    if end < 0:
+        return raw
+    span = raw[start:end + 1]
+    if b"{" in span[1:] or b"\\" in span or span.count(b"[") != span.count(b"]"):
+        return raw
+    parts = span.split(b'"')  # odd pieces are string contents: they must all be keys
+    if len(parts) % 2 == 0 or not all(parts[i + 1].lstrip().startswith(b":") for i in range(1, len(parts), 2)):
+        return raw
+    return raw[:start] + b"null" + raw[end + 1:]
+
+
+def _episode(path: Path, lineno: int, raw: bytes) -> tuple[str, bool, int, float, str | None]:
+    try:
+        row = json.loads(_cut_tokens(raw))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InputError(path, lineno, f"not valid JSON ({why})") from None
+    try:
+        if not isinstance(row, dict):
+            raise SchemaError(f"a record must be a JSON object, got {type(row).__name__}")
+        if row.get("schema") != "spade.rollout/1":
+            row = upgrade(row)
+            if not row["schema"].startswith("spade.rollout/"):
+                raise SchemaError(f"expected a spade.rollout row, got {row['schema']!r}")
+        missing = [f for f in ("env_id", "hinted", "pair", "return") if f not in row]
+        if missing:
+            raise SchemaError(f"spade.rollout/1 row lacks required field(s): {', '.join(missing)}")
+        env_id, hinted, pair, ret, err = (row["env_id"], row["hinted"], row["pair"], row["return"],
+                                          row.get("error"))
+        if not isinstance(env_id, str) or not env_id:
+            raise SchemaError(f"env_id must be a non-empty string, got {env_id!r}")
+        if not isinstance(hinted, bool):
+            raise SchemaError(f"hinted must be true or false, got {hinted!r}")
+        if not isinstance(pair, int) or isinstance(pair, bool):
+            raise SchemaError(f"pair must be an integer, got {pair!r}")
+        if not isinstance(ret, int | float) or isinstance(ret, bool) or not math.isfinite(ret):
+            raise SchemaError(f"return must be a finite number, got {ret!r}")
+        if err is not None and not isinstance(err, str):
+            raise SchemaError(f"error must be null or a reason code, got {err!r}")
+    except SchemaError as exc:
+        raise InputError(path, lineno, str(exc)) from None
+    return env_id, hinted, pair, float(ret), err
+
+
+def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
+                  ) -> tuple[dict[str, dict], list[dict]]:
+    """One streaming pass: per-env returns grouped by side and pair, plus each file's fingerprint
+    (the same sha256 and row count ``artifacts.fingerprint`` gives). An episode of an env that is
+    neither a valid env of this iteration nor in memory is a bad row."""
+    envs: dict[str, dict] = {}
+    fps = []
+    for path in paths:
+        h, rows, lineno, tail = hashlib.sha256(), 0, 0, b""
+        with open(path, "rb") as fh:
+            while True:
+                block = fh.read(chunk)
+                h.update(block)
+                rows += block.count(b"\n")
+                lines = (tail + block).split(b"\n")
+                tail = lines.pop() if block else b""
+                for raw in lines:
+                    lineno += 1
+                    if not raw.strip():
+                        continue
+                    env_id, hinted, pair, ret, err = _episode(path, lineno, raw)
+                    if env_id not in known:
+                        raise InputError(path, lineno, f"episode of env {env_id!r}, which is neither a "
+                                         "valid env of --envs nor in --memory")
+                    st = envs.setdefault(env_id, {"h": defaultdict(list), "u": defaultdict(list),
+                                                  "h_err": 0, "u_err": 0})
+                    st["h" if hinted else "u"][pair].append(ret)
+                    if err is not None:
+                        st["h_err" if hinted else "u_err"] += 1
+                if not block:
+                    break
+        fps.append({"path": str(path), "sha256": h.hexdigest(), "rows": rows})
+    return envs, fps
+
+
+def env_stats(st: dict | None, threshold: float) -> dict:
+    if st is None:
+        return curriculum.regret_stats({}, {}) | {"unhinted_success": None, "hinted_success": None,
+                                                  "hinted_errors": 0, "unhinted_errors": 0}
+    out = curriculum.regret_stats(st["h"], st["u"])
+    out["unhinted_success"] = curriculum.success_rate([r for rs in st["u"].values() for r in rs], threshold)
+    out["hinted_success"] = curriculum.success_rate([r for rs in st["h"].values() for r in rs], threshold)
+    out["hinted_errors"], out["unhinted_errors"] = st["h_err"], st["u_err"]
+    return out
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def load_memory(path: Path | None) -> list[dict]:
+    if path is None or not path.exists():
+        return []
+    return [to_row(rec) for _, _, rec in read_rows(path, expect="spade.memory")]
+
+
+def strip_iteration(rows: list[dict], iteration: int) -> list[dict]:
+    """Memory as it was before this iteration's merge (rows keep their place; empty ones remain)."""
+    return [{**r, "history": [e for e in r.get("history") or [] if e.get("iteration") != iteration]}
+            for r in rows]
+
+
+def _kept(rows: list[dict], iteration: int) -> list[dict]:
+    return [r for r in rows if r["history"] or r.get("first_iteration") != iteration]
+
+
+def memory_fingerprint(path: Path, rows: list[dict], iteration: int) -> dict:
+    base = _kept(strip_iteration(rows, iteration), iteration)
+    digest = hashlib.sha256(json.dumps(base, sort_keys=True).encode()).hexdigest()
+    return {"path": str(path), "sha256": digest, "rows": len(base), "kind": f"memory without iteration {iteration}"}
+
+
+def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_envs: dict[str, Validation],
+                 ) -> list[dict]:
+    """Upsert this iteration's history entry of every played env; idempotent by construction."""
+    base = strip_iteration(rows, iteration)
+    by_id = {r["env_id"]: r for r in base}
+    for env_id, rec in new_envs.items():
+        if env_id in by_id or env_id not in played:
+            continue
+        row = to_row(Memory(env_id=env_id, title=rec.title, hint=rec.hint,
+                            doc_id=(rec.doc or {}).get("id"), first_iteration=iteration))
+        row["code"] = rec.code
+        base.append(row)
+        by_id[env_id] = row
+    for env_id, s in played.items():
+        row = by_id[env_id]
+        if env_id in new_envs and not row.get("code"):
+            row["code"] = new_envs[env_id].code
+        row["first_iteration"] = min(row.get("first_iteration", iteration), iteration)
+        entry = {"iteration": iteration, "unhinted_mean": s["unhinted_mean"], "hinted_mean": s["hinted_mean"],
+                 "regret": s["regret"], "regret_ci95": s["regret_ci95"], "hinted_n": s["hinted_n"],
+                 "unhinted_n": s["unhinted_n"], "unhinted_success": s["unhinted_success"]}
+        row["history"] = sorted([*row["history"], entry], key=lambda e: e.get("iteration", 0))
+    return _kept(base, iteration)
+
+
+# -- replay ----------------------------------------------------------------------------------------
+def select_replay(memory: list[dict], iteration: int, k: int, exclude: set[str], beta: float, rho: float,
+                  ) -> list[dict]:
+    """The K memory envs with the highest PLR probability, as validation rows for iteration + 1.
+
+    Score = positive regret of the env's latest history entry; staleness = iterations since it was
+    last played, counted from the next iteration. Envs without stored code cannot be replayed.
+    """
+    cands = sorted((r for r in memory if r.get("code") and r["env_id"] not in exclude and r["history"]),
+                   key=lambda r: r["env_id"])
+    scores, stale = [], []
+    for r in cands:
+        last = r["history"][-1]
+        scores.append(max(last.get("regret") or 0.0, 0.0))
+        stale.append(float(iteration + 1 - last.get("iteration", iteration)))
+    prio = curriculum.replay_priorities(scores, stale, beta=beta, rho=rho)
+    order = sorted(range(len(cands)), key=lambda i: (-prio[i], cands[i]["env_id"]))[:k]
+    out = []
+    for i in order:
+        r = cands[i]
+        rec = Validation(env_id=r["env_id"], iteration=iteration + 1, title=r.get("title"), code=r["code"],
+                         hint=r.get("hint"), doc={"id": r.get("doc_id")} if r.get("doc_id") else None,
+                         valid=True, extra={"replay": {"priority": prio[i], "score": scores[i],
+                                                       "staleness": stale[i],
+                                                       "first_iteration": r.get("first_iteration")}})
+        out.append(to_row(rec))
+    return out
+
+
+# -- the stage -------------------------------------------------------------------------------------
+def _iteration_of(envs: list[Validation], given: int | None) -> int:
+    if given is not None:
+        return given
+    seen = {r.iteration for r in envs}
+    if len(seen) > 1:
+        raise SpadeError(f"--envs rows come from iterations {sorted(seen)}; pass --iteration")
+    return seen.pop() if seen else 0
+
+
+def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, memory: str | Path | None = None,
+        signal: str = "regret", clip_negative: bool = False, invalid_reward: float = -1.0,
+        iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
+        replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
+        embedding: str = "tfidf", force: bool = False) -> dict:
+    """Score one iteration; returns the summary dict (also stored in the manifest)."""
+    t0 = time.time()
+    if signal not in curriculum.SIGNALS:
+        raise SpadeError(f"unknown signal {signal!r}; choose {', '.join(curriculum.SIGNALS)}")
+    if replay and replay_out is None:
+        raise SpadeError("--replay K needs --replay-out FILE")
+    out, mem_path = Path(out), Path(memory) if memory else None
+    replay_path = Path(replay_out) if replay and replay_out else None
+    env_paths, roll_paths = expand_inputs(envs), expand_inputs(rollouts)
+    designs = [rec for _, _, rec in read_rows(env_paths, expect="spade.validation")]
+    it = _iteration_of(designs, iteration)
+    mem_rows = load_memory(mem_path)
+    valid = {r.env_id: r for r in designs if r.valid}
+    known = set(valid) | {r["env_id"] for r in mem_rows}
+    t_read = time.time()
+    per_env, roll_fps = scan_rollouts(roll_paths, known)
+    t_scan = time.time()
+
+    config = {"signal": signal, "clip_negative": clip_negative, "invalid_reward": invalid_reward,
+              "iteration": it, "success_threshold": success_threshold, "replay": replay,
+              "replay_out": str(replay_path) if replay_path else None, "replay_temperature": replay_temperature,
+              "replay_staleness": replay_staleness, "embedding": embedding,
+              "memory": str(mem_path) if mem_path else None}
+    stage = Stage(STAGE, out, config, force=force, started=t0)
+    stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
+    if mem_path:
+        stage.inputs["memory"] = [memory_fingerprint(mem_path, mem_rows, it)]
+    if stage.check():
+        old = json.loads(manifest_path(out).read_text())
+        side = old.get("side_outputs", {})
+        if all(Path(p).exists() and sha256_file(p) == sha for p, sha in side.items()):
+            return {**old.get("summary", {}), "status": "up to date", "out": str(out)}
+        stage.force = True  # a side output was lost or rolled back: redo, the merge is idempotent
+
+    stats = {env_id: env_stats(per_env.get(env_id), success_threshold) for env_id in valid}
+    played = {e: s for e, s in stats.items() if s["hinted_n"] or s["unhinted_n"]}
+    replayed = {e: env_stats(st, success_threshold) for e, st in per_env.items() if e not in valid}
+    merged = merge_memory(mem_rows, it, {**played, **replayed}, valid)
+    history = {r["env_id"]: [h["unhinted_success"] for h in r["history"] if h.get("unhinted_success") is not None]
+               for r in merged}
+
+    rows, warnings = [], []
+    for rec in designs:
+        s = stats.get(rec.env_id) if rec.valid else env_stats(per_env.get(rec.env_id), success_threshold)
+        note = None
+        if not rec.valid:
+            reward, note = invalid_reward, f"invalid: {rec.reason or rec.parse_error or 'unknown'}"
+        else:
+            s_hist = history.get(rec.env_id) or ([s["unhinted_success"]] if s["unhinted_success"] is not None else [])
+            reward = curriculum.designer_reward(signal, {**s, "success_history": s_hist}, clip_negative)
+            if reward is None:
+                note = "no rollouts" if not (s["hinted_n"] or s["unhinted_n"]) else "one side has no rollouts"
+                warnings.append(f"env {rec.env_id}: {note}; designer_reward 0.0")
+                reward = 0.0
+        score = Score(env_id=rec.env_id, iteration=it, signal=signal, hinted_mean=s["hinted_mean"],
+                      unhinted_mean=s["unhinted_mean"], hinted_n=s["hinted_n"], unhinted_n=s["unhinted_n"],
+                      regret=s["regret"], regret_ci95=s["regret_ci95"], designer_reward=float(reward),
+                      extra={"valid": rec.valid, "paired": s["paired"], "unhinted_success": s["unhinted_success"],
+                             "hinted_success": s["hinted_success"], "hinted_errors": s["hinted_errors"],
+                             "unhinted_errors": s["unhinted_errors"], "note": note})
+        rows.append(to_row(score))
+
+    from spade_cli import diversity
+
+    texts = [diversity.design_text(r.title, r.code, r.hint) for r in designs if r.valid and "replay" not in r.extra]
+    div = diversity.diversity(texts, embedding)
+
+    done = stage.resume()
+    if [r["env_id"] for r in done] != [r["env_id"] for r in rows[:len(done)]]:
+        stage.partial.unlink(missing_ok=True)  # not a prefix of this run's output: start over
+        done = []
+    with stage.writer() as w:
+        for row in rows[len(done):]:
+            w.write(row)
+    side: dict[str, str] = {}
+    if mem_path:
+        write_jsonl(mem_path, merged)
+        side[str(mem_path)] = sha256_file(mem_path)
+    picked = []
+    if replay_path:
+        invalid_now = {r.env_id for r in designs if not r.valid}
+        picked = select_replay(merged, it, replay, invalid_now, replay_temperature, replay_staleness)
+        write_jsonl(replay_path, picked)
+        side[str(replay_path)] = sha256_file(replay_path)
+
+    rewards = [r["designer_reward"] for r in rows]
+    regrets = [r["regret"] for r in rows if r["regret"] is not None]
+    summary = {"status": "ok", "stage": STAGE, "out": str(out), "rows": len(rows), "iteration": it,
+               "signal": signal, "valid": len(valid), "invalid": len(designs) - sum(r.valid for r in designs),
+               "no_rollouts": sum(1 for r in rows if r["note"] and "rollouts" in r["note"]),
+               "episodes": sum(len(v) for st in per_env.values() for side in ("h", "u") for v in st[side].values()),
+               "replayed_played": len(replayed),
+               "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
+               "memory_envs": len(merged) if mem_path else None, "replay": len(picked),
+               "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done)}
+    stage.warnings.extend(warnings)
+    stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3)})
+    stage.extra.update({"diversity": div, "side_outputs": side})
+    summary["seconds"] = round(time.time() - t0, 3)
+    stage.commit(len(rows), summary)
+    return summary

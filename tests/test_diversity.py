@@ -1,0 +1,65 @@
+"""Vendi score: n identical designs -> 1, n orthogonal ones -> n, and a hand-computed middle case."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from spade_cli import diversity
+
+
+@pytest.mark.unit
+def test_vendi_extremes_on_embeddings() -> None:
+    assert diversity.vendi_score(np.eye(5)) == pytest.approx(5.0)
+    assert diversity.vendi_score(np.ones((4, 3)) / math.sqrt(3)) == pytest.approx(1.0)
+    assert diversity.vendi_score(np.zeros((0, 3))) == 0.0
+
+
+@pytest.mark.unit
+def test_vendi_two_of_three_identical_by_hand() -> None:
+    # K/3 has eigenvalues 2/3 and 1/3 -> exp(-(2/3 ln 2/3 + 1/3 ln 1/3))
+    emb = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    expected = math.exp(-(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3)))
+    assert diversity.vendi_score(emb) == pytest.approx(expected)
+
+
+@pytest.mark.unit
+def test_tfidf_identical_and_disjoint_designs() -> None:
+    code = "class Maze(gym.Env):\n    def step(self, action): return obs, 0.0, False, False, {}"
+    same = diversity.diversity([code + "\nhint: go left"] * 6)
+    assert same["vendi"] == pytest.approx(1.0) and same["vendi_per_n"] == pytest.approx(1 / 6, abs=1e-6)
+    disjoint = diversity.diversity(["alpha beta", "gamma delta", "epsilon zeta", "eta theta"])
+    assert disjoint["vendi"] == pytest.approx(4.0) and disjoint["vendi_per_n"] == pytest.approx(1.0)
+    # sharing the boilerplate but not the task: strictly between the extremes
+    mixed = diversity.diversity([code + " maze left", code + " cipher shift", code + " ledger sums"])
+    assert 1.0 < mixed["vendi"] < 3.0
+    assert diversity.diversity([])["vendi_per_n"] is None
+
+
+@pytest.mark.unit
+def test_tfidf_rows_are_unit_or_zero() -> None:
+    mat = diversity.tfidf(["a b b", "", "c"])
+    norms = np.linalg.norm(mat, axis=1)
+    assert norms == pytest.approx([1.0, 0.0, 1.0])
+    # the empty design is similar to nothing but itself
+    assert diversity.vendi_score(mat) == pytest.approx(3.0)
+
+
+@pytest.mark.integration
+def test_model_embedding_with_the_tiny_model(tiny_model) -> None:
+    texts = ["def step(self, action): return 1", "def step(self, action): return 1", "a b c"]
+    emb = diversity.embed_texts(texts, str(tiny_model))
+    assert emb.shape[0] == 3
+    assert np.linalg.norm(emb, axis=1) == pytest.approx([1.0, 1.0, 1.0])
+    assert emb[0] == pytest.approx(emb[1])
+    assert 1.0 <= diversity.vendi_score(emb) < 3.0
+
+
+@pytest.mark.unit
+def test_bad_embedding_spec_is_a_clear_error(tmp_path) -> None:
+    from spade_cli.artifacts import SpadeError
+
+    with pytest.raises(SpadeError, match="local model directory"):
+        diversity.embed_texts(["x"], str(tmp_path / "nope"))

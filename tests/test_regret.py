@@ -1,0 +1,147 @@
+"""Unit tests of the curriculum signals, the rollout fast path, memory merge and replay, with
+expectations computed by hand (the arithmetic is written next to each number)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from spade_cli import curriculum
+from spade_cli.artifacts import InputError
+from spade_cli.records import Validation
+from stages import regret as stage
+
+pytestmark = pytest.mark.unit
+
+
+def test_paired_regret_and_ci_by_hand() -> None:
+    # diffs 1.0, 0.0, 0.5: mean 0.5, sample sd 0.5, se 0.5/sqrt(3), t(0.975, 2) = 4.303
+    s = curriculum.regret_stats({0: [1.0], 1: [0.5], 2: [1.0]}, {0: [0.0], 1: [0.5], 2: [0.5]})
+    assert s["paired"] is True
+    assert (s["hinted_n"], s["unhinted_n"]) == (3, 3)
+    assert s["hinted_mean"] == pytest.approx(2.5 / 3) and s["unhinted_mean"] == pytest.approx(1 / 3)
+    assert s["regret"] == pytest.approx(0.5)
+    assert s["regret_ci95"] == pytest.approx(4.303 * 0.5 / math.sqrt(3))
+
+
+def test_unpaired_fallback_by_hand() -> None:
+    # pair 2 has no hinted episode: Welch se = sqrt(0.5/2 + 0/3) = 0.5, df = min(2, 3) - 1 = 1 -> t 12.706
+    s = curriculum.regret_stats({0: [1.0], 1: [0.0]}, {0: [0.0], 1: [0.0], 2: [0.0]})
+    assert s["paired"] is False
+    assert s["regret"] == pytest.approx(0.5)
+    assert s["regret_ci95"] == pytest.approx(12.706 * 0.5)
+
+
+def test_regret_undefined_without_both_sides_and_ci_needs_two_pairs() -> None:
+    s = curriculum.regret_stats({0: [1.0]}, {})
+    assert s["regret"] is None and s["regret_ci95"] is None and s["unhinted_mean"] is None
+    one = curriculum.regret_stats({0: [1.0]}, {0: [0.25]})
+    assert one["regret"] == pytest.approx(0.75) and one["regret_ci95"] is None
+
+
+def test_t_quantiles() -> None:
+    assert curriculum.t975(7) == 2.365
+    assert curriculum.t975(31) == pytest.approx(2.0395, abs=1e-3)
+    assert curriculum.t975(10_000) == pytest.approx(1.960, abs=1e-3)
+
+
+def test_learnability_and_success() -> None:
+    p = curriculum.success_rate([1.0, 0.4, 0.5, 0.0], threshold=0.5)  # 1.0 and 0.5 reach it
+    assert p == 0.5
+    assert curriculum.learnability(0.25) == pytest.approx(0.1875)
+    assert curriculum.designer_reward("learnability", {"unhinted_success": 0.5}) == pytest.approx(0.25)
+
+
+def test_ema_lp_by_hand() -> None:
+    # one success rate 1: fast 0.1, slow 0.01; rw(0.1) = 0.09/0.18 = 0.5, rw(0.01) = 0.009/0.108
+    assert curriculum.ema_lp([1.0]) == pytest.approx(0.5 - 0.009 / 0.108)
+    # [1, 1]: fast 0.19, slow 0.028; rw(0.19) = 0.171/0.252, rw(0.028) = 0.0252/0.1224
+    assert curriculum.ema_lp([1.0, 1.0]) == pytest.approx(0.171 / 0.252 - 0.0252 / 0.1224)
+    assert curriculum.ema_lp([0.0, 0.0]) == 0.0
+    assert curriculum.designer_reward("ema_lp", {"success_history": []}) is None
+
+
+def test_clip_negative() -> None:
+    assert curriculum.designer_reward("regret", {"regret": -0.25}) == -0.25
+    assert curriculum.designer_reward("regret", {"regret": -0.25}, clip_negative=True) == 0.0
+    with pytest.raises(ValueError):
+        curriculum.designer_reward("bogus", {})
+
+
+def test_plr_priorities_by_hand() -> None:
+    # ranks by score: idx2 1, idx0 2, idx1 3; beta 0.5 -> weights 1/4, 1/9, 1 (sum 49/36)
+    # P_S = [9/49, 4/49, 36/49]; P_C = [1/4, 3/4, 0]; P = (P_S + P_C) / 2
+    p = curriculum.replay_priorities([0.5, 0.0, 1.0], [1, 3, 0], beta=0.5, rho=0.5)
+    assert p == pytest.approx([(9 / 49 + 0.25) / 2, (4 / 49 + 0.75) / 2, (36 / 49) / 2])
+    assert sum(p) == pytest.approx(1.0)
+    assert curriculum.replay_priorities([0.2, 0.1], [0, 0], beta=1.0, rho=0.5) == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_cut_tokens_keeps_every_other_field() -> None:
+    row = {"schema": "spade.rollout/1", "env_id": "a", "hinted": True, "pair": 3, "return": 0.5,
+           "tokens": {"prompt_ids": [1, 2], "completion_ids": [3], "env_mask": [1], "logprobs": [None, -0.5]},
+           "messages": [{"role": "user", "content": 'a "tokens": {"x": "}"} trap'}], "error": None}
+    for text in (json.dumps(row), json.dumps(row, separators=(",", ":"))):
+        raw = text.encode()
+        cut = json.loads(stage._cut_tokens(raw))
+        assert cut["tokens"] is None
+        assert {k: v for k, v in cut.items() if k != "tokens"} == {k: v for k, v in row.items() if k != "tokens"}
+    # a tokens object holding strings is not cut (the parser reads it whole)
+    odd = json.dumps({**row, "tokens": {"note": "}{"}}).encode()
+    assert stage._cut_tokens(odd) == odd
+
+
+def test_episode_rejects_bad_fields(tmp_path) -> None:
+    good = {"schema": "spade.rollout/1", "episode_id": "e", "env_id": "a", "iteration": 0, "hinted": False,
+            "seed": 1, "pair": 0, "return": 1.0, "error": None}
+    assert stage._episode(tmp_path, 1, json.dumps(good).encode()) == ("a", False, 0, 1.0, None)
+    for bad, why in [({"return": "1"}, "return must be a finite number"), ({"hinted": 1}, "hinted must be"),
+                     ({"pair": 1.5}, "pair must be an integer"), ({"schema": "spade.score/1"}, "expected a spade.rollout"),
+                     ({"schema": "spade.rollout/9"}, "newer than this spade")]:
+        with pytest.raises(InputError, match=why) as exc:
+            stage._episode(tmp_path / "r.jsonl", 7, json.dumps({**good, **bad}).encode())
+        assert str(exc.value).startswith(f"{tmp_path / 'r.jsonl'}:7:")
+    with pytest.raises(InputError, match="lacks required field"):
+        stage._episode(tmp_path, 2, json.dumps({k: v for k, v in good.items() if k != "return"}).encode())
+
+
+def _stats(regret: float, success: float) -> dict:
+    return {"unhinted_mean": 0.1, "hinted_mean": 0.1 + regret, "regret": regret, "regret_ci95": None,
+            "hinted_n": 2, "unhinted_n": 2, "unhinted_success": success}
+
+
+def test_memory_merge_is_idempotent_and_keeps_code() -> None:
+    env = Validation(code="class E: pass", hint="h", title="T", doc={"id": "d1"}, valid=True, iteration=1)
+    played = {env.env_id: _stats(0.5, 0.0)}
+    once = stage.merge_memory([], 1, played, {env.env_id: env})
+    twice = stage.merge_memory(once, 1, played, {env.env_id: env})
+    assert once == twice
+    (row,) = twice
+    assert (row["env_id"], row["doc_id"], row["first_iteration"], row["code"]) == (env.env_id, "d1", 1, env.code)
+    assert [h["iteration"] for h in row["history"]] == [1]
+    # the next iteration appends; a rerun of iteration 1 with new numbers replaces, not appends
+    later = stage.merge_memory(twice, 2, {env.env_id: _stats(0.25, 0.5)}, {})
+    redo = stage.merge_memory(later, 1, {env.env_id: _stats(0.75, 0.0)}, {env.env_id: env})
+    assert [(h["iteration"], h["regret"]) for h in redo[0]["history"]] == [(1, 0.75), (2, 0.25)]
+    # the fingerprint ignores the iteration being merged
+    assert stage.memory_fingerprint("m", [], 1)["sha256"] == stage.memory_fingerprint("m", once, 1)["sha256"]
+    assert stage.memory_fingerprint("m", [], 2)["sha256"] != stage.memory_fingerprint("m", once, 2)["sha256"]
+
+
+def test_replay_ranking() -> None:
+    def mem(env_id: str, regret: float, last: int) -> dict:
+        return {"env_id": env_id, "title": env_id, "hint": "h", "doc_id": None, "first_iteration": 0,
+                "code": f"# {env_id}", "history": [{"iteration": last, "regret": regret}]}
+
+    memory = [mem("a", 0.1, 5), mem("b", 0.9, 5), mem("c", -0.5, 1), mem("d", 0.6, 5), mem("x", 2.0, 5)]
+    # rho 0: pure rank prioritisation on positive regret; 'x' is excluded (invalid this iteration)
+    picked = stage.select_replay(memory, 5, 2, {"x"}, beta=0.1, rho=0.0)
+    assert [r["env_id"] for r in picked] == ["b", "d"]
+    assert all(r["schema"] == "spade.validation/1" and r["valid"] and r["iteration"] == 6 for r in picked)
+    assert picked[0]["code"] == "# b"
+    # rho 1: pure staleness; 'c' was last played at iteration 1 (staleness 5 vs 1)
+    assert stage.select_replay(memory, 5, 1, {"x"}, beta=0.1, rho=1.0)[0]["env_id"] == "c"
+    # envs without code are never replayed
+    assert stage.select_replay([{**memory[1], "code": None}], 5, 3, set(), 0.1, 0.1) == []
