@@ -1,0 +1,109 @@
+"""`spade update`: GRPO on both roles from stored artifacts, written as a new checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, ModelOpt, SeedOpt, command, console, finish
+
+_LOSS = "Loss (GRPOConfig names)"
+_OPT = "Optimisation"
+
+
+def _opt(flag: str, help: str, panel: str = _LOSS, **kw: object) -> typer.models.OptionInfo:
+    return typer.Option(flag, help=help, rich_help_panel=panel, **kw)
+
+
+def update(
+    model: ModelOpt,
+    out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write (atomically).",
+                                      file_okay=False)],
+    designs: Annotated[list[str] | None, typer.Option("--designs", help="validated.jsonl / designs.jsonl; "
+                                               "repeat, comma-separate or glob.")] = None,
+    rollouts: Annotated[list[str] | None, typer.Option("--rollouts", help="rollouts.jsonl or shards; repeat, "
+                                                "comma-separate or glob.")] = None,
+    scores: Annotated[list[str] | None, typer.Option("--scores", help="scores.jsonl (designer_reward per env).")] = None,
+    agent_episodes: Annotated[str, _opt("--agent-episodes", "Agent samples: unhinted, hinted or both.")]
+    = "unhinted",
+    loss_type: Annotated[str, _opt("--loss-type", "grpo, bnpo, dr_grpo or dapo (TRL's definitions).")] = "dapo",
+    scale_rewards: Annotated[str, _opt("--scale-rewards", "Advantage scaling: group, batch or none.")] = "group",
+    epsilon: Annotated[float, _opt("--epsilon", "PPO clip, lower side (and upper without --epsilon-high).")]
+    = 0.2,
+    epsilon_high: Annotated[float | None, _opt("--epsilon-high", "PPO clip, upper side (DAPO: 0.28).")] = None,
+    delta: Annotated[float | None, _opt("--delta", "Two-sided clipping: cap on the ratio.")] = None,
+    importance_sampling_level: Annotated[str, _opt("--importance-sampling-level", "token or sequence (GSPO).")]
+    = "token",
+    importance_sampling: Annotated[bool, _opt(
+        "--importance-sampling/--no-importance-sampling",
+        "Ratio against the stored sampler log-probs (off: against this model before the update).")] = True,
+    beta: Annotated[float, _opt("--beta", "KL coefficient to the input model (k3 estimator).")] = 0.0,
+    temperature: Annotated[float, _opt("--temperature", "Sampling temperature of the stored samples.")] = 1.0,
+    agent_weight: Annotated[float, _opt("--agent-weight", "Weight of the Agent's policy term.")] = 1.0,
+    designer_weight: Annotated[float, _opt("--designer-weight", "Weight of the Designer's policy term.")] = 1.0,
+    invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design.")] = 0.0,
+    max_completion_length: Annotated[int | None, _opt(
+        "--max-completion-length", "dr_grpo's normaliser (default: the longest completion).")] = None,
+    learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate (constant).", _OPT)] = 1e-6,
+    weight_decay: Annotated[float, _opt("--weight-decay", "AdamW weight decay.", _OPT)] = 0.0,
+    per_device_train_batch_size: Annotated[int, _opt("--per-device-train-batch-size", "Sequences per "
+                                                     "micro-batch.", _OPT, min=1)] = 8,
+    gradient_accumulation_steps: Annotated[int, _opt("--gradient-accumulation-steps", "Micro-batches per "
+                                                     "optimizer step.", _OPT, min=1)] = 1,
+    num_iterations: Annotated[int, _opt("--num-iterations", "Passes over the samples (PPO epochs).", _OPT,
+                                        min=1)] = 1,
+    max_grad_norm: Annotated[float, _opt("--max-grad-norm", "Gradient clipping (0: off).", _OPT)] = 1.0,
+    lora: Annotated[bool, _opt("--lora", "Train a LoRA adapter (peft), merged into the saved model.", _OPT)]
+    = False,
+    lora_r: Annotated[int, _opt("--lora-r", "LoRA rank.", _OPT)] = 16,
+    lora_alpha: Annotated[int, _opt("--lora-alpha", "LoRA alpha.", _OPT)] = 32,
+    bf16: Annotated[bool, _opt("--bf16", "bf16 autocast (GPU).", _OPT)] = False,
+    gradient_checkpointing: Annotated[bool, _opt("--gradient-checkpointing", "Recompute activations.", _OPT)]
+    = False,
+    seed: SeedOpt = 0,
+    config: ConfigOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Update one model in both roles with GRPO from stored episodes, designs and scores.
+
+    Agent episodes are grouped by environment (advantage from the return; environment tokens get no
+    gradient), Designer completions by prompt group (advantage from designer_reward). Groups
+    without reward spread are dropped. Runs unchanged under `accelerate launch` (DeepSpeed, FSDP
+    configs in recipes/accelerate/). Writes a Hugging Face checkpoint plus update.json.
+
+    Example: [bold]spade update --model ckpt/tiny --designs validated.jsonl --rollouts 'rollouts*.jsonl'
+    --scores scores.jsonl --out ckpt/iter_0001[/]
+    """
+    from stages import update as stage
+
+    designs, rollouts, scores = designs or [], rollouts or [], scores or []
+    cfg = stage.UpdateConfig(
+        model=model, designs=designs, rollouts=rollouts, scores=scores, out=str(out),
+        agent_episodes=agent_episodes, loss_type=loss_type, scale_rewards=scale_rewards, epsilon=epsilon,
+        epsilon_high=epsilon_high, delta=delta, importance_sampling_level=importance_sampling_level,
+        importance_sampling=importance_sampling, beta=beta, learning_rate=learning_rate,
+        weight_decay=weight_decay, temperature=temperature, agent_weight=agent_weight,
+        designer_weight=designer_weight, invalid_reward=invalid_reward,
+        per_device_train_batch_size=per_device_train_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps, num_iterations=num_iterations,
+        max_grad_norm=max_grad_norm, max_completion_length=max_completion_length, lora=lora, lora_r=lora_r,
+        lora_alpha=lora_alpha, bf16=bf16, gradient_checkpointing=gradient_checkpointing, seed=seed)
+    for name, value, allowed in (("--loss-type", loss_type, ("grpo", "bnpo", "dr_grpo", "dapo")),
+                                 ("--scale-rewards", scale_rewards, ("group", "batch", "none")),
+                                 ("--agent-episodes", agent_episodes, ("unhinted", "hinted", "both")),
+                                 ("--importance-sampling-level", importance_sampling_level,
+                                  ("token", "sequence"))):
+        if value not in allowed:
+            raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
+    if not rollouts and not designs:
+        raise typer.BadParameter("give --rollouts and/or --designs", param_hint="--rollouts")
+    summary = stage.run(cfg, force=force, log=lambda msg: console.print(msg, soft_wrap=True))
+    if summary.get("status") == "ok":
+        console.print(f"[green]wrote[/] {out}: {summary['samples']} samples, loss {summary['loss']:.4g}")
+    finish(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("update", rich_help_panel=PANEL_LOOP)(command(update))

@@ -1,0 +1,161 @@
+"""The GRPO family of losses and group-relative advantages, as pure tensor functions.
+
+``spade update`` trains one model in two roles from stored samples. This module holds the math and
+nothing else (no model, no files), so every formula can be checked by hand in a unit test:
+
+- ``group_advantages``: reward minus its group mean, divided by the group std (``scale="group"``),
+  the batch std (``"batch"``) or nothing (``"none"``, Dr. GRPO). Groups may have different sizes
+  (an environment may lose an errored episode). A group whose rewards do not vary (or has a single
+  member) has no learning signal; its rows are flagged so the caller drops them.
+- ``per_token_loss``: PPO clipping of the importance ratio ``exp(logp - old_logp)`` with
+  ``epsilon`` / ``epsilon_high`` and optional two-sided ``delta``, token or sequence (GSPO) level,
+  plus the k3 KL estimate to a reference, weighted per sequence (the role weights).
+- ``aggregate``: the normalisations of TRL's ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``.
+
+The formulas reproduce ``GRPOTrainer._compute_loss`` of TRL 1.16 term by term (same epsilons,
+``1e-4`` std guard, Bessel-corrected std, KL added after the ratio is applied, bias-corrected KL),
+so that numbers from ``spade update`` mean what they mean in TRL. One addition: a per-sequence
+``weight`` multiplies the policy term, which is how the Agent and Designer weights enter one loss;
+with all weights 1 the loss is exactly TRL's.
+
+Example::
+
+    adv, keep = group_advantages(torch.tensor([1., 0., 1., 0.]), [0, 0, 1, 1], scale="group")
+    ptl, ratio, kl = per_token_loss(logps, old_logps, adv, mask)
+    loss = aggregate(ptl, mask, "dapo", num_items=mask.sum())
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALES = ("group", "batch", "none")
+STD_EPS = 1e-4  # TRL's guard against division by a tiny std
+
+
+def _std(x: torch.Tensor) -> float:
+    """Bessel-corrected std (TRL's nanstd without NaNs); NaN for fewer than two values."""
+    n = x.numel()
+    if n < 2:
+        return math.nan
+    return float(((x - x.mean()) ** 2).sum() / (n - 1)) ** 0.5
+
+
+def group_advantages(rewards: torch.Tensor, groups: Sequence, scale: str = "group",
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and a keep-mask for rows grouped by ``groups`` (any hashable label per row).
+
+    Rows of groups with zero spread (all rewards equal, or a single row) get advantage 0 and
+    ``keep`` False: they carry no signal and would only dilute the token normalisers.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale!r}")
+    rewards = rewards.to(torch.float64)
+    adv = torch.zeros_like(rewards)
+    keep = torch.zeros(rewards.shape, dtype=torch.bool)
+    members: dict = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    batch_std = _std(rewards) if scale == "batch" else 1.0
+    for idx in members.values():
+        r = rewards[idx]
+        if len(idx) < 2 or bool((r == r[0]).all()):
+            continue
+        centred = r - r.mean()
+        if scale == "group":
+            centred = centred / (_std(r) + STD_EPS)
+        elif scale == "batch":
+            centred = centred / (batch_std + STD_EPS)
+        adv[idx] = centred
+        keep[idx] = True
+    return adv.to(torch.float32), keep
+
+
+def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float | None = None,
+                   delta: float | None = None, importance_sampling_level: str = "token",
+                   beta: float = 0.0, ref_logps: torch.Tensor | None = None,
+                   use_bias_correction_kl: bool = True, weights: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-token GRPO loss (B, T), the importance ratio and the per-token KL (or None).
+
+    ``logps``/``old_logps``/``ref_logps``/``mask``: (B, T); ``advantages`` and ``weights``: (B,).
+    """
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    log_ratio = logps - old_logps
+    if importance_sampling_level == "token":
+        log_w = log_ratio
+    elif importance_sampling_level == "sequence":
+        log_w = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    else:
+        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    coef_1 = torch.exp(log_w)
+    kl = None
+    if beta != 0.0:
+        if ref_logps is None:
+            raise ValueError("beta != 0 needs reference log-probs")
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        if use_bias_correction_kl:
+            kl = kl * coef_1
+    coef_2 = torch.clamp(coef_1, 1 - epsilon, 1 + eps_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if weights is not None:
+        loss = loss * weights.unsqueeze(-1)
+    if kl is not None:
+        loss = loss + beta * kl
+    # Sequence-level ratios are (B, 1); broadcast so every caller sees (B, T).
+    return loss.expand_as(mask).contiguous() if loss.shape != mask.shape else loss, coef_1, kl
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *,
+              max_completion_length: int | None = None, num_items: torch.Tensor | float | None = None,
+              ) -> torch.Tensor:
+    """Reduce a micro-batch's per-token loss the way TRL's ``loss_type`` does.
+
+    ``grpo``: mean over sequences of each sequence's token mean. ``bnpo``: token mean over the
+    micro-batch. ``dr_grpo``: token sum / (sequences x ``max_completion_length``). ``dapo``: token
+    sum / ``num_items``, the active tokens of the whole optimizer step divided by the number of
+    processes (the caller supplies it; defaults to this micro-batch's tokens).
+    Division by the gradient-accumulation steps is left to the caller (accelerate does it).
+    """
+    masked = per_token * mask
+    if loss_type == "grpo":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return masked.sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        if not max_completion_length:
+            raise ValueError("dr_grpo needs max_completion_length")
+        return masked.sum() / (per_token.size(0) * max_completion_length)
+    if loss_type == "dapo":
+        n = mask.sum() if num_items is None else num_items
+        return masked.sum() / torch.as_tensor(n, dtype=masked.dtype).clamp(min=1.0)
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+
+
+def clip_fractions(coef_1: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                   epsilon: float = 0.2, epsilon_high: float | None = None) -> dict[str, torch.Tensor]:
+    """Token sums (not means) of the clipped regions, as TRL counts them, plus the token count;
+    sums add up across micro-batches and processes before one final division."""
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    low = ((coef_1 < 1 - epsilon) & (adv < 0)).expand_as(mask).float()
+    high = ((coef_1 > 1 + eps_high) & (adv > 0)).expand_as(mask).float()
+    return {"clip_low": (low * mask).sum(), "clip_high": (high * mask).sum(),
+            "clip_region": (((low + high) > 0).float() * mask).sum(), "tokens": mask.sum()}
+
+
+def describe(values: torch.Tensor) -> dict[str, float | int]:
+    """n, mean, std, min, max of a 1-D tensor, JSON-ready (empty -> n 0 only)."""
+    v = values.detach().to(torch.float64).flatten()
+    if v.numel() == 0:
+        return {"n": 0}
+    return {"n": int(v.numel()), "mean": float(v.mean()), "std": float(v.std()) if v.numel() > 1 else 0.0,
+            "min": float(v.min()), "max": float(v.max())}
