@@ -1,0 +1,261 @@
+"""Kernel confinement that an env process applies to itself right after the zygote forks it.
+
+Order matters and is fixed: own session, rlimits, private cwd, unprivileged uid (when root),
+``PR_SET_NO_NEW_PRIVS``, parent-death signal, Landlock, seccomp last (so the earlier steps may
+still use the syscalls seccomp removes). Nothing here is an in-interpreter guard: each layer is
+enforced by the kernel and survives anything the env's Python code does afterwards.
+
+* rlimits: CPU (hard = soft + 1 s, so SIGKILL follows an ignored SIGXCPU), AS, FSIZE, NOFILE,
+  CORE 0, and NPROC when not root (the kernel ignores it for uid 0).
+* seccomp: a classic-BPF filter built here from syscall tables for x86_64 and aarch64 (no
+  libseccomp needed, nothing to import): no ``socket`` (``socketpair`` stays), no fork/exec, only
+  threads may ``clone``, ``clone3`` answers ENOSYS so glibc falls back to ``clone``, no ptrace,
+  mount, namespaces, bpf, keyrings, io_uring, modules, and ``kill``/``tgkill`` only at itself.
+* Landlock (raw syscalls 444-446, the same number on every architecture): read-only access to
+  the interpreter and libraries, read-write access to the env's private dir only; on ABI >= 4
+  no TCP bind/connect; on ABI >= 6 no signals or abstract unix sockets outside the sandbox.
+
+Every function raises ``ConfineError`` when a layer that was asked for cannot be applied: a
+setup failure must abort the run as an infrastructure error, never look like a bad env.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import resource
+import struct
+
+NOBODY = 65534
+
+
+class ConfineError(Exception):
+    """A confinement layer that was requested could not be applied."""
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.restype = ctypes.c_int
+
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
+SECCOMP_MODE_FILTER = 2
+
+
+def prctl(option: int, arg: int = 0) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise ConfineError(f"prctl({option}) failed: {os.strerror(err)}")
+
+
+# -- rlimits and identity ----------------------------------------------------------------------
+
+def apply_rlimits(cpu_s: int, memory_mb: int, fsize_mb: int, nofile: int, nproc: int | None) -> None:
+    limits = [
+        (resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)),
+        (resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20)),
+        (resource.RLIMIT_FSIZE, (fsize_mb << 20, fsize_mb << 20)),
+        (resource.RLIMIT_NOFILE, (nofile, nofile)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    if nproc is not None:
+        limits.append((resource.RLIMIT_NPROC, (nproc, nproc)))
+    for which, (soft, hard) in limits:
+        cur_soft, cur_hard = resource.getrlimit(which)
+        if cur_hard != resource.RLIM_INFINITY:  # never ask for more than we have: that raises
+            soft, hard = min(soft, cur_hard), min(hard, cur_hard)
+        try:
+            resource.setrlimit(which, (soft, hard))
+        except (ValueError, OSError) as exc:
+            raise ConfineError(f"setrlimit({which}) failed: {exc}") from None
+
+
+def drop_privileges(workdir: str) -> bool:
+    """As root: become nobody (after handing it the private dir). Returns whether uid changed."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        os.chown(workdir, NOBODY, NOBODY)
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+    except OSError as exc:
+        raise ConfineError(f"dropping to uid {NOBODY} failed: {exc}") from None
+    return True
+
+
+# -- seccomp ------------------------------------------------------------------------------------
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# name -> (x86_64 number, aarch64 number); None where the architecture has no such call.
+SYSCALLS = {
+    "socket": (41, 198), "ptrace": (101, 117), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "mount": (165, 40), "umount2": (166, 39),
+    "pivot_root": (155, 41), "chroot": (161, 51), "unshare": (272, 97), "setns": (308, 268),
+    "bpf": (321, 280), "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "userfaultfd": (323, 282), "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426), "io_uring_register": (427, 427), "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294), "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "fork": (57, None), "vfork": (58, None), "execve": (59, 221),
+    "execveat": (322, 281), "pidfd_open": (434, 434), "pidfd_send_signal": (424, 424),
+    "pidfd_getfd": (438, 438), "tkill": (200, 130), "personality": (135, 92), "acct": (163, 89),
+    "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142), "settimeofday": (164, 170),
+    "clock_settime": (227, 112), "sethostname": (170, 161), "setdomainname": (171, 162),
+    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264), "quotactl": (179, 60),
+    "mknod": (133, None), "mknodat": (259, 33), "fanotify_init": (300, 262),
+    "move_mount": (429, 429), "open_tree": (428, 428), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "mount_setattr": (442, 442), "process_madvise": (440, 440), "syslog": (103, 116),
+    "vhangup": (153, 58),
+    # handled specially below
+    "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240), "ioctl": (16, 29), "clone": (56, 220), "clone3": (435, 435),
+}
+SPECIAL = {"kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "ioctl", "clone", "clone3"}
+RET_ALLOW, RET_KILL_PROCESS = 0x7FFF0000, 0x80000000
+EPERM, ENOSYS = 1, 38
+CLONE_THREAD = 0x00010000
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+# classic BPF opcodes
+LD_W_ABS, JEQ_K, JSET_K, RET_K, JGE_K = 0x20, 0x15, 0x45, 0x06, 0x35
+
+
+def _errno(e: int) -> int:
+    return 0x00050000 | (e & 0xFFFF)
+
+
+def _arch() -> tuple[str, int]:
+    machine = platform.machine()
+    if machine not in AUDIT_ARCH:
+        raise ConfineError(f"no seccomp syscall table for {machine}")
+    return machine, 0 if machine == "x86_64" else 1
+
+
+def build_filter(my_pid: int) -> bytes:
+    """The env-process seccomp program as packed ``struct sock_filter`` entries."""
+    machine, col = _arch()
+    prog: list[tuple[int, int, int, int]] = []
+
+    def ins(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
+        prog.append((code, jt, jf, k & 0xFFFFFFFF))
+
+    ins(LD_W_ABS, 4)  # arch
+    ins(JEQ_K, AUDIT_ARCH[machine], 1, 0)
+    ins(RET_K, RET_KILL_PROCESS)
+    ins(LD_W_ABS, 0)  # nr
+    if machine == "x86_64":  # x32 ABI numbers would dodge every rule below
+        ins(JGE_K, 0x40000000, 0, 1)
+        ins(RET_K, _errno(EPERM))
+    for name, nums in SYSCALLS.items():
+        nr = nums[col]
+        if nr is None or name in SPECIAL:
+            continue
+        ins(JEQ_K, nr, 0, 1)
+        ins(RET_K, _errno(EPERM))
+
+    def block(nr: int, body: list[tuple[int, int, int, int]]) -> None:
+        ins(JEQ_K, nr, 0, len(body))
+        prog.extend(body)
+
+    def b(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple[int, int, int, int]:
+        return (code, jt, jf, k & 0xFFFFFFFF)
+
+    # Argument words are loaded at offset 16 + 8 * i: the low 32 bits on little-endian machines,
+    # which is where pids, flags and ioctl requests live.
+    allow_self = [0, my_pid, -my_pid]
+    # kill(pid): only itself or its own process group (it is a session leader)
+    block(SYSCALLS["kill"][col], [b(LD_W_ABS, 16), b(JEQ_K, allow_self[0], 3, 0),
+                                  b(JEQ_K, allow_self[1], 2, 0), b(JEQ_K, allow_self[2], 1, 0),
+                                  b(RET_K, _errno(EPERM)), b(RET_K, RET_ALLOW)])
+    for name in ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+        block(SYSCALLS[name][col], [b(LD_W_ABS, 16), b(JEQ_K, my_pid, 1, 0),
+                                    b(RET_K, _errno(EPERM)), b(RET_K, RET_ALLOW)])
+    # ioctl: no terminal injection (TIOCSTI/TIOCLINUX), compared on the low 32 bits
+    block(SYSCALLS["ioctl"][col], [b(LD_W_ABS, 24), b(JEQ_K, TIOCSTI, 1, 0), b(JEQ_K, TIOCLINUX, 0, 1),
+                                   b(RET_K, _errno(EPERM)), b(RET_K, RET_ALLOW)])
+    # clone: threads yes, processes no
+    block(SYSCALLS["clone"][col], [b(LD_W_ABS, 16), b(JSET_K, CLONE_THREAD, 1, 0),
+                                   b(RET_K, _errno(EPERM)), b(RET_K, RET_ALLOW)])
+    block(SYSCALLS["clone3"][col], [b(RET_K, _errno(ENOSYS))])
+    ins(RET_K, RET_ALLOW)
+    if len(prog) > 4096:
+        raise ConfineError("seccomp program too long")
+    return b"".join(struct.pack("HBBI", *p) for p in prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def apply_seccomp(my_pid: int) -> None:
+    code = build_filter(my_pid)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise ConfineError(f"loading the seccomp filter failed: {os.strerror(ctypes.get_errno())}")
+
+
+# -- Landlock -----------------------------------------------------------------------------------
+
+SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+# access-right bits per ABI (fs): 1..13 bits for ABI 1, +REFER (ABI 2), +TRUNCATE (3), +IOCTL_DEV (5)
+FS_READ = 0x1 | 0x4 | 0x8  # EXECUTE, READ_FILE, READ_DIR
+FS_ABI_BITS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
+SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1, 2
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when absent or disabled."""
+    n = _libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
+    return max(int(n), 0)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def apply_landlock(read_paths: list[str], write_paths: list[str]) -> int:
+    """Restrict the filesystem (and TCP, signals, abstract sockets where supported); returns the ABI."""
+    abi = landlock_abi()
+    if abi < 1:
+        raise ConfineError("Landlock is not available")
+    fs_all = FS_ABI_BITS[max(k for k in FS_ABI_BITS if k <= abi)]
+    attr = _RulesetAttr(fs_all, (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
+                        (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
+    rfd = _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+    if rfd < 0:
+        raise ConfineError(f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        for paths, access in ((read_paths, FS_READ), (write_paths, fs_all)):
+            for path in paths:
+                try:
+                    pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue  # a missing optional path (e.g. /lib64) is not an error
+                try:
+                    mask = access if os.path.isdir(path) else access & ~(0x8 | 0x10 | 0x20 | 0x40 | 0x80
+                                                                         | 0x100 | 0x200 | 0x400 | 0x800
+                                                                         | 0x1000 | 0x2000)
+                    rule = _PathBeneath(mask, pfd)
+                    if _libc.syscall(SYS_ADD_RULE, rfd, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0):
+                        raise ConfineError(f"landlock_add_rule({path}) failed: "
+                                           f"{os.strerror(ctypes.get_errno())}")
+                finally:
+                    os.close(pfd)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        if _libc.syscall(SYS_RESTRICT_SELF, rfd, 0) != 0:
+            raise ConfineError(f"landlock_restrict_self failed: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(rfd)
+    return abi
