@@ -1,0 +1,171 @@
+"""`spade regret` end to end through the real CLI over hand-made validated and rollout fixtures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from spade_cli.records import Validation, to_row
+from tests.conftest import run_spade
+
+pytestmark = pytest.mark.integration
+
+
+def _env(name: str, valid: bool = True, reason: str | None = None, iteration: int = 0) -> dict:
+    code = None if reason == "no_code" else f"class {name}(gym.Env):\n    # the {name} task\n    pass\n"
+    return to_row(Validation(code=code, hint=f"hint for {name}", title=name, doc={"id": f"doc-{name}"},
+                             valid=valid, reason=reason, iteration=iteration))
+
+
+def _episode(env_id: str, hinted: bool, pair: int, ret: float, iteration: int = 0) -> dict:
+    return {"schema": "spade.rollout/1", "episode_id": f"{env_id}-{int(hinted)}-{pair}", "env_id": env_id,
+            "iteration": iteration, "hinted": hinted, "seed": 100 + pair, "pair": pair,
+            "messages": [{"role": "user", "content": "play"}], "turns": [], "return": ret,
+            "terminated": True, "truncated": False, "error": None,
+            "tokens": {"prompt_ids": list(range(40)), "completion_ids": [7] * 30, "env_mask": [1] * 30,
+                       "logprobs": [-0.25] * 30}}
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def it0(tmp_path: Path) -> dict:
+    a, b, c, d = _env("Alpha"), _env("Beta"), _env("Gamma", False, "syntax_error"), _env("Delta", False, "no_code")
+    envs = _write(tmp_path / "validated.jsonl", [a, b, c, d])
+    # Alpha: hinted 1.0, 0.5, 1.0 vs unhinted 0.0, 0.5, 0.5 on pairs 0..2 -> regret 0.5; Beta: none
+    eps = [_episode(a["env_id"], True, p, r) for p, r in enumerate([1.0, 0.5, 1.0])]
+    eps += [_episode(a["env_id"], False, p, r) for p, r in enumerate([0.0, 0.5, 0.5])]
+    _write(tmp_path / "rollouts.shard-00-of-02.jsonl", eps[:3])
+    _write(tmp_path / "rollouts.shard-01-of-02.jsonl", eps[3:])
+    return {"dir": tmp_path, "envs": envs, "rollouts": str(tmp_path / "rollouts.shard-*.jsonl"),
+            "ids": [a["env_id"], b["env_id"], c["env_id"], d["env_id"]], "alpha": a}
+
+
+def _regret(fx: dict, *extra: str, out: str = "scores.jsonl"):
+    d = fx["dir"]
+    return run_spade("regret", "--envs", fx["envs"], "--rollouts", fx["rollouts"], "--out", d / out,
+                     "--memory", d / "memory.jsonl", *extra)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_scores_memory_and_up_to_date(it0: dict) -> None:
+    d = it0["dir"]
+    res = _regret(it0, "--replay", "2", "--replay-out", d / "replay.jsonl")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (summary["status"], summary["rows"], summary["valid"], summary["invalid"]) == ("ok", 4, 2, 2)
+    assert summary["episodes"] == 6 and summary["no_rollouts"] == 1
+    assert 1.0 < summary["vendi"] <= 2.0
+    rows = _rows(d / "scores.jsonl")
+    assert [r["env_id"] for r in rows] == it0["ids"]
+    alpha, beta, gamma, delta = rows
+    assert alpha["regret"] == pytest.approx(0.5) and alpha["designer_reward"] == pytest.approx(0.5)
+    assert alpha["regret_ci95"] == pytest.approx(4.303 * 0.5 / math.sqrt(3))
+    assert (alpha["hinted_n"], alpha["unhinted_n"], alpha["paired"]) == (3, 3, True)
+    assert beta["designer_reward"] == 0.0 and beta["note"] == "no rollouts" and beta["regret"] is None
+    assert gamma["designer_reward"] == -1.0 and delta["designer_reward"] == -1.0
+    manifest = json.loads((d / "scores.jsonl.manifest.json").read_text())
+    assert manifest["diversity"]["vendi"] == summary["vendi"] and manifest["inputs"]["rollouts"][0]["rows"] == 3
+    # memory: only the valid env with rollouts, with its code; replay proposes it for iteration 1
+    (mem,) = _rows(d / "memory.jsonl")
+    assert mem["env_id"] == it0["ids"][0] and mem["code"] == it0["alpha"]["code"]
+    assert [h["iteration"] for h in mem["history"]] == [0] and mem["history"][0]["regret"] == pytest.approx(0.5)
+    (rep,) = _rows(d / "replay.jsonl")
+    assert rep["env_id"] == it0["ids"][0] and rep["iteration"] == 1 and rep["valid"] is True
+
+    again = _regret(it0, "--replay", "2", "--replay-out", d / "replay.jsonl")
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "up to date"
+    # a different signal over the same output is refused, then forced
+    refused = _regret(it0, "--signal", "learnability")
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    forced = _regret(it0, "--signal", "learnability", "--force")
+    assert forced.returncode == 0, forced.stderr
+    # unhinted successes (>= 0.5): 0.5 and 0.5 of 3 -> p = 2/3, p(1-p) = 2/9
+    assert _rows(d / "scores.jsonl")[0]["designer_reward"] == pytest.approx(2 / 9)
+    (mem,) = _rows(d / "memory.jsonl")
+    assert len(mem["history"]) == 1  # rerunning the iteration did not double-count
+
+
+def test_memory_rolled_back_is_merged_again(it0: dict) -> None:
+    d = it0["dir"]
+    assert _regret(it0).returncode == 0
+    before = (d / "memory.jsonl").read_bytes()
+    (d / "memory.jsonl").unlink()
+    res = _regret(it0)
+    assert res.returncode == 0 and json.loads(res.stdout)["status"] == "ok"
+    assert (d / "memory.jsonl").read_bytes() == before
+
+
+def test_next_iteration_updates_replayed_env_and_ema_lp(it0: dict) -> None:
+    d = it0["dir"]
+    assert _regret(it0, "--replay", "1", "--replay-out", d / "replay.jsonl").returncode == 0
+    alpha = it0["ids"][0]
+    e = _env("Epsilon", iteration=1)
+    envs1 = _write(d / "validated1.jsonl", [e])
+    eps = [_episode(alpha, h, p, 1.0, 1) for h in (True, False) for p in range(2)]
+    eps += [_episode(e["env_id"], True, 0, 1.0, 1), _episode(e["env_id"], False, 0, 1.0, 1)]
+    _write(d / "rollouts1.jsonl", eps)
+    fx = {**it0, "envs": envs1, "rollouts": str(d / "rollouts1.jsonl")}
+    for _ in range(2):  # the second run is forced: the same iteration must not be appended twice
+        res = _regret(fx, "--signal", "ema_lp", "--force", out="scores1.jsonl")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["replayed_played"] == 1
+    mem = {r["env_id"]: r for r in _rows(d / "memory.jsonl")}
+    assert [h["iteration"] for h in mem[alpha]["history"]] == [0, 1]
+    assert mem[alpha]["history"][1]["regret"] == 0.0 and mem[e["env_id"]]["first_iteration"] == 1
+    (score,) = _rows(d / "scores1.jsonl")
+    # first observation, success 1: |rw(0.1) - rw(0.01)| = 0.5 - 0.009/0.108
+    assert score["designer_reward"] == pytest.approx(0.5 - 0.009 / 0.108)
+
+
+def test_bad_rows_name_file_and_line(it0: dict) -> None:
+    d = it0["dir"]
+    shard = d / "rollouts.shard-01-of-02.jsonl"
+    lines = shard.read_text().splitlines()
+    shard.write_text("\n".join([lines[0], lines[1], "{not json", lines[2]]) + "\n")
+    res = _regret(it0)
+    assert res.returncode == 1 and f"{shard}:3: not valid JSON" in res.stderr
+    assert not (d / "scores.jsonl").exists() and not (d / "memory.jsonl").exists()
+    shard.write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "env_id": "nowhere"}) + "\n")
+    res = _regret(it0)
+    assert res.returncode == 1 and f"{shard}:2:" in res.stderr and "nowhere" in res.stderr
+
+
+@pytest.mark.parametrize("args", [["--signal", "bogus"], ["--replay", "2"], ["--replay", "-1"]])
+def test_usage_errors_exit_2(it0: dict, args: list[str]) -> None:
+    res = _regret(it0, *args)
+    assert res.returncode == 2, res.stderr
+
+
+def test_crash_mid_write_resumes(it0: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spade_cli import artifacts
+    from stages import regret as stage
+
+    d = it0["dir"]
+    kwargs = {"memory": d / "memory.jsonl", "signal": "regret"}
+    real_write, calls = artifacts.PartialWriter.write, []
+
+    def dying_write(self, row):  # the process dies after two rows reached the partial file
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(row)
+        real_write(self, row)
+
+    monkeypatch.setattr(artifacts.PartialWriter, "write", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(it0["envs"], it0["rollouts"], d / "scores.jsonl", **kwargs)
+    monkeypatch.setattr(artifacts.PartialWriter, "write", real_write)
+    assert not (d / "scores.jsonl").exists() and list(d.glob("scores.jsonl.partial-*"))
+    summary = stage.run(it0["envs"], it0["rollouts"], d / "scores.jsonl", **kwargs)
+    assert summary["resumed_rows"] == 2 and summary["rows"] == 4
+    assert [r["env_id"] for r in _rows(d / "scores.jsonl")] == it0["ids"]
+    assert not list(d.glob("scores.jsonl.partial-*"))
