@@ -1,0 +1,194 @@
+"""The ``openai`` backend: any OpenAI-compatible server (``vllm serve``, SGLang, ``transformers serve``).
+
+spade renders chats itself, so this backend only uses the legacy ``POST {base_url}/completions``
+route, which takes a raw prompt and never applies a chat template. Two wire modes:
+
+* **token mode** (vLLM): the prompt is the list of token ids and the request asks for
+  ``return_token_ids`` and ``logprobs: 1``. The answer carries the sampled ``token_ids`` and the
+  sampler's ``token_logprobs``: exact prompts, exact completions, log-probs at the sampling
+  temperature when the server runs with ``--logprobs-mode processed_logprobs``. One request per
+  prompt carries all ``n`` samples.
+* **text mode** (everything else, e.g. ``transformers serve``, whose ``/v1/completions`` takes a
+  string, ignores ``n`` and ``logprobs`` and rejects unknown fields with 422): the prompt ids are
+  decoded (special tokens kept) and sent as text, one request per sample, and the returned text
+  is re-tokenized with the local tokenizer. ``logprobs`` is then None (unknown: the trainer must
+  recompute and treat the samples as on-policy) and ``extra["retokenized"]`` is True.
+
+The mode is found once per backend: the first request goes out in token mode; a 400/404/422
+answer, or an answer without ``token_ids``, switches this backend to text mode for good
+(``token_prompts=True/False`` skips the probe).
+
+Text mode is faithful to the prompt as long as decode-then-encode round-trips, which holds for
+chat-template renderings (they are tokenizations of text) but not always for spliced multi-turn
+ids or for completions that end inside a multi-byte character. A stop string found in the
+returned text is cut (``transformers serve`` keeps it, vLLM does not). When a sample ended with
+``finish_reason == "stop"`` and no stop string explains it, the EOS id is appended to the
+re-tokenized ids, mirroring the hf and vllm backends which keep the sampled EOS.
+
+Seeds: token mode sends ``seed`` with each request (vLLM then draws ``n`` distinct samples);
+text mode sends ``seed + j`` for sample ``j`` so separate requests do not repeat one sample.
+``transformers serve`` seeds a global RNG per request, so its results are reproducible only with
+``concurrency=1``.
+
+    backend = OpenAIBackend("ckpt/tiny", base_url="http://127.0.0.1:8000/v1", concurrency=8)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from spade_cli.artifacts import SpadeError
+from spade_cli.backends import GenSample, Sampling
+
+_REJECTED = (400, 404, 415, 422)  # what servers answer to a token-list prompt or unknown fields
+
+
+class OpenAIBackend:
+    """HTTP client for ``/v1/completions``; ``calls`` counts ``generate`` calls, ``requests`` HTTP posts."""
+
+    name = "openai"
+
+    def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", api_key: str | None = None,
+                 concurrency: int = 8, timeout: float = 600.0, served_model: str | None = None,
+                 token_prompts: bool | None = None, **_: Any) -> None:
+        from transformers import AutoTokenizer
+
+        self.model = str(model)
+        self.served_model = served_model or self.model
+        url = (base_url or "http://127.0.0.1:8000/v1").rstrip("/")
+        self.base_url = url if url.endswith("/v1") else url + "/v1"
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY")
+        self.concurrency = max(1, int(concurrency))
+        self.timeout = float(timeout)
+        self.token_prompts = token_prompts
+        self.calls = 0
+        self.requests = 0
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.eos_id = self.tokenizer.eos_token_id
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _post(self, body: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.base_url + "/completions", data=json.dumps(body).encode(),
+                                     headers=headers, method="POST")
+        self.requests += 1
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode("utf-8", "replace")
+            raise _HTTPStatus(exc.code, f"{self.base_url}/completions answered {exc.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise SpadeError(f"openai backend: cannot reach {self.base_url}: {exc}") from None
+
+    def _common(self, sampling: Sampling) -> dict:
+        body: dict[str, Any] = {"model": self.served_model, "max_tokens": sampling.max_tokens,
+                                "temperature": sampling.temperature, "top_p": sampling.top_p}
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        return body
+
+    # -- the two wire modes -------------------------------------------------------------------
+
+    def _token_request(self, prompt: list[int], n: int, sampling: Sampling) -> list[GenSample] | None:
+        """All n samples of one prompt in token mode; None when the server does not speak it."""
+        body = {**self._common(sampling), "prompt": prompt, "n": n, "logprobs": 1, "return_token_ids": True}
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        try:
+            answer = self._post(body)
+        except _HTTPStatus as exc:
+            if exc.status in _REJECTED and self.token_prompts is None:
+                return None
+            raise
+        choices = sorted(answer.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != n or any(c.get("token_ids") is None for c in choices):
+            return None
+        return [self._from_tokens(c, sampling) for c in choices]
+
+    def _text_request(self, prompt: list[int], j: int, sampling: Sampling) -> GenSample:
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        body = {**self._common(sampling), "prompt": text}
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed + j
+        [choice, *_] = self._post(body)["choices"]
+        return self._from_text(choice, sampling)
+
+    def _from_tokens(self, choice: dict, sampling: Sampling) -> GenSample:
+        ids = [int(t) for t in choice["token_ids"]]
+        lps = (choice.get("logprobs") or {}).get("token_logprobs")
+        if lps is not None and (len(lps) != len(ids) or any(x is None for x in lps)):
+            lps = None
+        text = choice.get("text") or ""
+        cut = _first_stop(text, sampling.stop)
+        return GenSample(token_ids=ids, text=text if cut is None else text[:cut],
+                         logprobs=[float(x) for x in lps] if lps is not None else None,
+                         finish_reason=_finish(choice), extra={"stop_reason": choice.get("stop_reason")})
+
+    def _from_text(self, choice: dict, sampling: Sampling) -> GenSample:
+        text = choice.get("text") or ""
+        finish = _finish(choice)
+        cut = _first_stop(text, sampling.stop)
+        if cut is not None:
+            text, finish = text[:cut], "stop"
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if finish == "stop" and cut is None and choice.get("stop_reason") is None and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return GenSample(token_ids=ids, text=text, logprobs=None, finish_reason=finish,
+                         extra={"retokenized": True})
+
+    # -- Backend interface --------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
+        """For every prompt, ``n`` samples; requests run ``concurrency`` at a time."""
+        self.calls += 1
+        if not prompts:
+            return []
+        out: list[list[GenSample] | None] = [None] * len(prompts)
+        todo = list(range(len(prompts)))
+        if self.token_prompts is None:  # probe once with the first prompt
+            first = self._token_request(list(prompts[0]), n, sampling)
+            self.token_prompts = first is not None
+            if first is not None:
+                out[0], todo = first, todo[1:]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            if self.token_prompts:
+                results = pool.map(lambda i: self._token_request(list(prompts[i]), n, sampling), todo)
+                for i, group in zip(todo, results, strict=True):
+                    if group is None:
+                        raise SpadeError(f"openai backend: {self.base_url} returned no token ids for prompt {i}")
+                    out[i] = group
+            else:
+                jobs = [(i, j) for i in todo for j in range(n)]
+                samples = list(pool.map(lambda ij: self._text_request(list(prompts[ij[0]]), ij[1], sampling), jobs))
+                for i in todo:
+                    out[i] = samples[:n]
+                    samples = samples[n:]
+        return [group or [] for group in out]
+
+    def close(self) -> None:
+        pass
+
+
+class _HTTPStatus(SpadeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _finish(choice: dict) -> str:
+    return "length" if choice.get("finish_reason") == "length" else "stop"
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Index of the earliest stop string in ``text``, or None."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
