@@ -1,0 +1,99 @@
+"""`spade design`: the Designer writes environments (or a fixed pool stands in for it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spade_cli.cli import (
+    PANEL_LOOP,
+    BackendOpt,
+    BaseUrlOpt,
+    ConfigOpt,
+    ForceOpt,
+    IterationOpt,
+    OutFileOpt,
+    SeedOpt,
+    command,
+    console,
+    finish,
+    resolved_config,
+)
+
+
+def design(
+    ctx: typer.Context,
+    out: OutFileOpt,
+    model: Annotated[str | None, typer.Option("--model", help="Designer checkpoint directory or id.")]
+    = None,
+    n: Annotated[int, typer.Option("--n", help="Designs to write; a multiple of --group.", min=1)] = 24,
+    group: Annotated[int, typer.Option("--group", help="Samples per prompt (one GRPO group).", min=1)] = 4,
+    corpus: Annotated[str | None, typer.Option(
+        "--corpus", help="Grounding corpus: JSONL/Parquet file, folder of .txt/.jsonl, or HF dataset "
+        "id (NAME or NAME:CONFIG). Default: the bundled sample.")] = None,
+    grounding: Annotated[bool, typer.Option(
+        "--grounding/--no-grounding", help="Ground each prompt in a corpus document (ablation: off).")]
+    = True,
+    memory: Annotated[Path | None, typer.Option(
+        "--memory", help="Environment memory (spade.memory/1 JSONL) summarised in the prompt.",
+        dir_okay=False)] = None,
+    no_memory: Annotated[bool, typer.Option("--no-memory", help="Ignore --memory (the ablation).")] = False,
+    memory_k: Annotated[int, typer.Option("--memory-k", help="Past environments listed in the prompt.",
+                                          min=0)] = 12,
+    iteration: IterationOpt = 0,
+    seed: SeedOpt = 0,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature.", min=0)] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.", min=0, max=1)] = 1.0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max new tokens per design.", min=1)]
+    = 4096,
+    excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.", min=50)]
+    = 1500,
+    enable_thinking: Annotated[bool, typer.Option(
+        "--enable-thinking/--no-enable-thinking", help="Let the chat template open a thinking block.")]
+    = False,
+    pool: Annotated[str | None, typer.Option(
+        "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', a "
+        "designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
+    chunk: Annotated[int, typer.Option(
+        "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0)]
+    = 0,
+    config: ConfigOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Sample environment designs (code + privileged hint) from the Designer, grounded in corpus
+    documents and conditioned on the environment memory; or take them from a fixed pool.
+
+    Writes --n spade.design/1 rows in --n/--group groups, all prompts in one batched backend call.
+    A completion that does not parse is kept with parse_error set.
+
+    Example: [bold]spade design --model ckpt/tiny --n 24 --group 4 --memory runs/demo/memory.jsonl --out designs.jsonl[/]
+
+    Pool baseline: [bold]spade design --pool bundled --n 12 --out designs.jsonl[/]
+    """
+    from stages import design as stage
+
+    if n % group:
+        raise typer.BadParameter(f"--n ({n}) must be a multiple of --group ({group})", param_hint="--n")
+    if pool is None and not model:
+        raise typer.BadParameter("pass --model (a Designer) or --pool (a fixed environment pool)",
+                                 param_hint="--model")
+    mem = None if no_memory else memory
+    cfg = resolved_config(ctx)
+    with console.status("designing environments" if pool is None else f"reading the pool {pool}"):
+        summary = stage.run(out, model=model, n=n, group=group, corpus=corpus, grounding=grounding,
+                            memory=mem, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
+                            temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                            excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
+                            chunk=chunk, memory_k=memory_k, config=cfg, force=force)
+    if summary.get("status") == "ok":
+        parsed = summary.get("parsed", summary["rows"])
+        console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")
+    finish(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("design", rich_help_panel=PANEL_LOOP)(command(design))

@@ -1,0 +1,210 @@
+"""Fixed environment pools: the paper's baselines that train the Agent without a Designer.
+
+``spade design --pool SPEC`` writes design rows from a pool instead of a model. SPEC is one of:
+
+- a folder of environments, each ``NAME.py`` with a ``NAME.hint`` sidecar; the title is the first
+  line of the module docstring. The bundled pool (``spade_cli/data/pool/``, pass ``--pool bundled``)
+  holds hand-written, long-horizon environments: JSON tool use against simulated backends,
+  puzzles, planning and text games. It doubles as the worked example in the Designer's prompt.
+- a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
+- ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
+  embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),
+  ``reset`` picks one with ``self.np_random`` and shows its question, and ``step`` scores the reply
+  with reasoning-gym's own ``score_answer`` for that task. The generated module imports
+  reasoning_gym (which lives in spade's environment: it is how the task is scored, not something
+  the Designer writes); where it cannot be imported it falls back to reasoning-gym's default rule
+  (1 for an exact match, len(answer)/len(reply) when the reply contains the answer) and says so in
+  ``info["scorer"]``. Items whose gold answer does not score 1 after the JSON round trip are left
+  out at design time, so every embedded item is solvable.
+
+Selection is reproducible and order-independent: a folder or JSONL pool is ranked by
+``sha256(env_id | seed | iteration)`` and the first ``n`` are taken without replacement (a pool
+smaller than ``n`` is taken whole, since duplicate environments would only duplicate episodes).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from pathlib import Path
+
+from spade_cli.artifacts import InputError, SpadeError, read_rows
+from spade_cli.records import Design, env_id_for
+
+BUNDLED_POOL = Path(__file__).resolve().parent / "data" / "pool"
+RG_ITEMS = 8
+
+
+def _title_of(code: str, fallback: str) -> str:
+    try:
+        doc = ast.get_docstring(ast.parse(code))
+    except SyntaxError:
+        doc = None
+    first = (doc or "").strip().splitlines()
+    return first[0].strip().rstrip(".") if first else fallback
+
+
+def load_folder(folder: Path) -> list[dict]:
+    """``{name, title, code, hint}`` for every ``NAME.py`` with a ``NAME.hint`` in ``folder``."""
+    out = []
+    for py in sorted(folder.glob("*.py")):
+        if py.name.startswith("_"):
+            continue
+        hint_path = py.with_suffix(".hint")
+        if not hint_path.exists():
+            raise InputError(py, None, f"pool environment has no hint sidecar {hint_path.name}")
+        code = py.read_text(encoding="utf-8")
+        hint = hint_path.read_text(encoding="utf-8").strip()
+        if not hint:
+            raise InputError(hint_path, None, "empty hint")
+        out.append({"name": py.stem, "title": _title_of(code, py.stem), "code": code, "hint": hint,
+                    "source": f"pool:{py.name}"})
+    if not out:
+        raise SpadeError(f"{folder} holds no NAME.py + NAME.hint environments")
+    return out
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    out = []
+    for p, line, rec in read_rows(path, expect=("spade.design", "spade.validation")):
+        if not rec.code or not rec.hint:
+            raise InputError(p, line, "a pool design needs both code and hint")
+        out.append({"name": rec.env_id, "title": rec.title, "code": rec.code, "hint": rec.hint,
+                    "source": f"pool:{p.name}:{line}"})
+    return out
+
+
+def _rank(env_id: str, seed: int, iteration: int) -> str:
+    return hashlib.sha256(f"{env_id}|{seed}|{iteration}".encode()).hexdigest()
+
+
+def pick(envs: list[dict], n: int, seed: int, iteration: int) -> list[dict]:
+    """Up to ``n`` distinct environments, chosen by hash rank (independent of file order)."""
+    unique = {env_id_for(e["code"], e["hint"]): e for e in envs}
+    ranked = sorted(unique.items(), key=lambda kv: _rank(kv[0], seed, iteration))
+    return [e for _, e in ranked[:n]]
+
+
+# -- reasoning-gym ---------------------------------------------------------------------------------
+
+RG_TEMPLATE = '''"""{title}
+
+A single-turn reasoning-gym task ({task}) wrapped as a spade environment: reset shows one of the
+embedded questions, step scores the reply with reasoning-gym's score_answer for this task.
+"""
+
+import json
+
+import gymnasium as gym
+from gymnasium import spaces
+
+try:
+    from reasoning_gym import get_score_answer_fn
+
+    _SCORE = get_score_answer_fn({task!r})
+    SCORER = "reasoning_gym"
+except Exception:  # reasoning-gym missing: its default exact/containment rule
+    _SCORE = None
+    SCORER = "fallback"
+
+ITEMS = json.loads({items!r})
+
+
+def _fallback(answer, entry):
+    gold = entry["answer"]
+    if not answer:
+        return 0.0
+    if answer == gold:
+        return 1.0
+    return len(gold) / len(answer) if gold in answer else 0.0
+
+
+class ReasoningGymTask(gym.Env):
+    metadata = {{"render_modes": []}}
+
+    def __init__(self):
+        self.observation_space = spaces.Text(max_length=100000)
+        self.action_space = spaces.Text(max_length=100000)
+        self.entry = None
+        self.done = True
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.entry = ITEMS[int(self.np_random.integers(len(ITEMS)))]
+        self.done = False
+        prompt = self.entry["question"] + "\\n\\nReply with the final answer only."
+        return prompt, {{"task": {task!r}}}
+
+    def step(self, action):
+        if self.done or self.entry is None:
+            return "The episode is over.", 0.0, True, False, {{"scorer": SCORER}}
+        self.done = True
+        answer = str(action).strip()
+        try:
+            score = float(_SCORE(answer, self.entry)) if _SCORE else _fallback(answer, self.entry)
+        except Exception:
+            score = 0.0
+        score = min(1.0, max(0.0, score)) if score == score else 0.0
+        verdict = "Correct." if score >= 1.0 else "Not correct."
+        return verdict, score, True, False, {{"scorer": SCORER, "score": score}}
+'''
+
+RG_HINT = ("This is the reasoning-gym task '{task}'. Work it out step by step before answering, check "
+           "the result against every condition in the question, and reply with nothing but the final "
+           "answer in exactly the format the question asks for.")
+
+
+def rg_design(task: str, seed: int, iteration: int, index: int) -> dict:
+    """One reasoning-gym environment: ``{name, title, code, hint}`` with embedded items."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise SpadeError("--pool rg:... needs reasoning-gym (pip install 'spade[eval]')") from None
+    digest = hashlib.sha256(f"rg|{task}|{seed}|{iteration}|{index}".encode()).hexdigest()
+    try:
+        ds = reasoning_gym.create_dataset(task, size=RG_ITEMS * 2, seed=int(digest[:8], 16))
+    except Exception as exc:  # unknown name, bad config
+        raise SpadeError(f"reasoning-gym cannot create the task {task!r}: {exc}") from None
+    items = []
+    for entry in ds:
+        row = json.loads(json.dumps({"question": entry["question"], "answer": entry["answer"],
+                                     "metadata": entry.get("metadata", {})}, default=str))
+        try:
+            ok = ds.score_answer(str(row["answer"]), row) >= 1.0
+        except Exception:
+            ok = False
+        if ok:  # the gold answer must still score 1 after the JSON round trip
+            items.append(row)
+        if len(items) == RG_ITEMS:
+            break
+    if not items:
+        raise SpadeError(f"reasoning-gym task {task!r}: no item survives the JSON round trip")
+    title = f"reasoning-gym {task} #{index}"
+    code = RG_TEMPLATE.format(title=title, task=task, items=json.dumps(items, ensure_ascii=False))
+    return {"name": f"rg-{task}-{index}", "title": title, "code": code, "hint": RG_HINT.format(task=task),
+            "source": f"rg:{task}"}
+
+
+def load_pool(spec: str, n: int, seed: int, iteration: int) -> list[dict]:
+    """The ``n`` (or fewer) environments a pool spec yields for this seed and iteration."""
+    if spec.startswith("rg:"):
+        tasks = [t.strip() for t in spec[3:].split(",") if t.strip()]
+        if not tasks:
+            raise SpadeError("--pool rg: needs at least one reasoning-gym task name, e.g. rg:leg_counting")
+        return [rg_design(tasks[i % len(tasks)], seed, iteration, i // len(tasks)) for i in range(n)]
+    path = BUNDLED_POOL if spec == "bundled" else Path(spec)
+    if path.is_dir():
+        envs = load_folder(path)
+    elif path.is_file():
+        envs = load_jsonl(path)
+    else:
+        raise InputError(path, None, "no such pool folder or file (or use rg:NAME,... or 'bundled')")
+    return pick(envs, n, seed, iteration)
+
+
+def pool_rows(envs: list[dict], iteration: int, seed: int) -> list[Design]:
+    return [Design(iteration=iteration, group_id=None, sample=0, doc=None, messages=None, completion=None,
+                   title=e["title"], code=e["code"], hint=e["hint"], parse_error=None, tokens=None,
+                   gen={"model": None, "backend": "pool", "temperature": None, "seed": seed},
+                   extra={"pool_source": e["source"]}) for e in envs]

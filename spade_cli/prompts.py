@@ -1,0 +1,213 @@
+"""The Designer's prompt, the memory summary in it, and the parser for what comes back.
+
+The prompt is two chat messages. The system message states the environment contract (DESIGN §4)
+and the output format. The user message carries one worked example (an environment from the
+bundled pool with its hint), the grounding document (or, for the ``--no-grounding`` ablation, an
+invitation to pick any domain), the memory summary (or nothing, for ``--no-memory``), and the
+request. Everything is plain text, so any chat model can be the Designer.
+
+The memory summary tells the Designer how the learner did on past environments, labelled with
+the same thresholds for every run:
+
+- ``too easy``: the unhinted agent already solves it (unhinted mean >= 0.8);
+- ``too hard``: even the hinted agent fails (hinted mean <= 0.2);
+- ``learnable``: the hint helps a lot (regret >= 0.2) — the band SPADE wants more of;
+- ``no signal``: none of the above (the hint does not help, or the scores are middling);
+- ``untested``: admitted but never scored.
+
+Parsing is forgiving in form and strict in substance: a ``<think>`` block is dropped, ```python,
+``` and unterminated fences are accepted, the title may be ``Title: ...`` or a ``# ...`` heading,
+the hint may be a ``Hint: ...`` section or a fenced ```hint block. A completion that yields no
+code or no hint is kept with ``parse_error`` set; it is never dropped, because an unparseable
+design must still cost the Designer its reward.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EASY, HARD, LEARNABLE = 0.8, 0.2, 0.2
+
+SYSTEM = """\
+You are the Designer. You write training environments for a text agent, each a complete Python \
+module, together with a privileged hint that makes the task easier for an agent that reads it.
+
+The environment contract:
+- The module defines exactly one subclass of gymnasium.Env.
+- reset(self, *, seed=None, options=None) returns (observation: str, info: dict). It calls \
+super().reset(seed=seed) first and draws all randomness from self.np_random.
+- step(self, action: str) returns (observation: str, reward: float, terminated: bool, \
+truncated: bool, info: dict). The action is the agent's raw reply: step must accept ANY text \
+without raising (parse JSON or commands defensively and answer malformed input with an error \
+observation).
+- The episode return (sum of rewards) lies in [0, 1]; 1 means the task is solved. Give partial \
+credit only if it stays within that range.
+- The episode is long-horizon: solving it takes several well-chosen steps, and an empty reply, a \
+fixed reply or random text must not reach a high return. End the episode (truncated=True) after a \
+step budget.
+- Deterministic given the seed and the action sequence. No network, no files, no subprocesses, no \
+environment variables. Use only the Python standard library, gymnasium and numpy.
+- Return plain Python types (str, float, bool, dict); the info dicts must be JSON-serialisable.
+- The hint is never shown by the environment: it is given to some agents separately. It should \
+state a strategy or a fact that makes the task clearly easier, without simply being the answer \
+to one seed.
+
+Answer in exactly this format:
+Title: <a short title>
+```python
+<the complete module>
+```
+Hint: <the privileged hint, a few sentences>
+"""
+
+INTRO_EXAMPLE = "Here is an example of a complete answer in the required format."
+NO_DOC = ("Choose any domain you like for the new environment.")
+REQUEST = ("Now design a NEW environment{grounded}. Make it different from the example and from "
+           "the environments in memory, and aim for a task the agent can learn: solvable with the "
+           "hint, not yet solved without it.")
+
+
+def label(unhinted: float | None, hinted: float | None, regret: float | None) -> str:
+    if unhinted is None and hinted is None:
+        return "untested"
+    if unhinted is not None and unhinted >= EASY:
+        return "too easy"
+    if hinted is not None and hinted <= HARD:
+        return "too hard"
+    if regret is not None and regret >= LEARNABLE:
+        return "learnable"
+    return "no signal"
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def memory_summary(memory: list, k: int = 12, hint_chars: int = 120) -> str | None:
+    """A compact text block about the most recent ``k`` environments in memory (Memory records),
+    with label counts over the whole memory; None when the memory is empty."""
+    if not memory:
+        return None
+    entries = []
+    for m in memory:
+        last = m.history[-1] if m.history else {}
+        it = last.get("iteration", m.first_iteration)
+        lab = label(last.get("unhinted_mean"), last.get("hinted_mean"), last.get("regret"))
+        entries.append((it, abs(last.get("regret") or 0.0), m.env_id, m, last, lab))
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e[5]] = counts.get(e[5], 0) + 1
+    entries.sort(key=lambda e: (-e[0], -e[1], e[2]))  # newest first, then the most informative
+    head = ", ".join(f"{n} {lab}" for lab, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    lines = [f"Environment memory: {len(memory)} environments so far ({head}). "
+             f"The {min(k, len(entries))} most recent, with the learner's mean return without and "
+             "with the hint:"]
+    for it, _, _, m, last, lab in entries[:k]:
+        hint = " ".join((m.hint or "").split())
+        hint = hint if len(hint) <= hint_chars else hint[:hint_chars].rstrip() + "…"
+        lines.append(f"- [{lab}] {m.title or m.env_id} (iteration {it}): unhinted "
+                     f"{_fmt(last.get('unhinted_mean'))}, hinted {_fmt(last.get('hinted_mean'))}, "
+                     f"regret {_fmt(last.get('regret'))}. Hint was: {hint or 'none'}")
+    lines.append("Move the frontier: avoid repeating these, make too-easy ideas harder and too-hard "
+                 "ideas more approachable.")
+    return "\n".join(lines)
+
+
+def format_answer(title: str, code: str, hint: str) -> str:
+    """A design in the output format the prompt asks for (used for the worked example)."""
+    return f"Title: {title}\n```python\n{code.rstrip()}\n```\nHint: {hint.strip()}\n"
+
+
+def build_messages(example: dict, doc_text: str | None, memory_text: str | None) -> list[dict]:
+    """The Designer prompt as chat messages. ``example`` is ``{title, code, hint}``."""
+    parts = [INTRO_EXAMPLE, format_answer(example["title"], example["code"], example["hint"])]
+    if doc_text is not None:
+        parts.append("Ground the new environment in this document: take its domain, entities, rules "
+                      "or procedures as the material of the task.\n<document>\n" + doc_text.strip()
+                      + "\n</document>")
+    else:
+        parts.append(NO_DOC)
+    if memory_text:
+        parts.append(memory_text)
+    parts.append(REQUEST.format(grounded=" grounded in the document" if doc_text is not None else ""))
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Parsed:
+    title: str | None
+    code: str | None
+    hint: str | None
+    error: str | None
+
+
+_THINK = re.compile(r"<think>.*?(</think>|\Z)", re.S)
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[ \t]*$", re.M)
+_TITLE = re.compile(r"^[ \t]*(?:\*\*)?(?:title|name)(?:\*\*)?\s*[:：]\s*(.+?)\s*$|^[ \t]*#{1,3}[ \t]+(.+?)\s*$",
+                    re.I | re.M)
+_HINT = re.compile(r"^[ \t]*(?:\*\*)?(?:privileged[ \t]+)?hint(?:\*\*)?\s*[:：](?:\*\*)?[ \t]*", re.I | re.M)
+
+
+def _blocks(text: str) -> list[tuple[str, str, int, int]]:
+    """Fenced blocks as (language, body, start, end); an unterminated last fence runs to the end."""
+    out = []
+    fences = list(_FENCE.finditer(text))
+    i = 0
+    while i < len(fences):
+        lang = fences[i].group(1).lower()
+        start = fences[i].end()
+        if i + 1 < len(fences):
+            close = fences[i + 1]
+            # a closing fence may not carry a language; "```python" right after another block opens one
+            out.append((lang, text[start:close.start()].strip("\n"), fences[i].start(), close.end()))
+            i += 2
+        else:
+            out.append((lang, text[start:].strip("\n"), fences[i].start(), len(text)))
+            i += 1
+    return out
+
+
+def parse_completion(text: str | None) -> Parsed:
+    """Title, code and hint from a Designer completion (see the module docstring)."""
+    if not text or not text.strip():
+        return Parsed(None, None, None, "empty completion")
+    body = _THINK.sub("", text)
+    if "</think>" in body:  # a template that opens the think block in the prompt
+        body = body.split("</think>", 1)[1]
+    blocks = _blocks(body)
+    code_block = next((b for b in blocks if b[0] in ("python", "py", "python3")), None)
+    if code_block is None:
+        code_block = next((b for b in blocks if b[0] == "" and "class " in b[1] and "def step" in b[1]),
+                          None)
+    hint_block = next((b for b in blocks if b[0] == "hint"), None)
+    outside = body
+    for b in sorted(blocks, key=lambda b: -b[2]):
+        outside = outside[:b[2]] + "\n" + outside[b[3]:]
+
+    title = None
+    m = _TITLE.search(outside)
+    if m:
+        title = (m.group(1) or m.group(2)).strip().strip("*").strip() or None
+
+    hint = hint_block[1].strip() if hint_block else None
+    if not hint:
+        hm = _HINT.search(outside)
+        if hm:
+            rest = outside[hm.end():]
+            # the hint runs until a blank line followed by another labelled section, or the end
+            stop = re.search(r"\n\s*\n(?=[ \t]*(?:\*\*)?[A-Z][A-Za-z ]{0,30}:)", rest)
+            hint = (rest[:stop.start()] if stop else rest).strip() or None
+
+    code = code_block[1].strip("\n") if code_block else None
+    if code is not None and not code.strip():
+        code = None
+    if code is None and hint is None:
+        return Parsed(title, None, None, "no fenced python block and no hint section")
+    if code is None:
+        return Parsed(title, None, None, "no fenced python block")
+    if hint is None:
+        return Parsed(title, None, None, "no hint section")
+    return Parsed(title, code + "\n", hint, None)

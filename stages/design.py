@@ -1,0 +1,191 @@
+"""`spade design`: the Designer writes environments, or a fixed pool stands in for it.
+
+Inputs: a model (any backend), a corpus for grounding, the environment memory. Output: one
+``spade.design/1`` row per sampled design (DESIGN §3), ``n`` rows in ``n / group`` groups; the
+``group`` samples of one group share a prompt and a ``group_id`` and form one GRPO group when the
+Designer is updated.
+
+For each group a document is picked from the corpus (``spade_cli.corpus``: hash of the document id,
+seed, iteration and group, so the same seed gives the same documents on any machine) and cut to an
+excerpt; the prompt (``spade_cli.prompts``) carries the environment contract, one worked example from
+the bundled pool, the excerpt and a summary of the memory. All prompts go to the backend in one
+batched call (``chunk`` splits it, trading throughput for finer resume points), with ``group``
+samples each. Every completion becomes a row, parsed or not: a parse failure sets ``parse_error``
+and leaves ``code``/``hint`` null, because the Designer must still be charged for it.
+
+With ``pool`` set no model is involved: rows come from a folder, a JSONL file of designs or
+reasoning-gym tasks (``spade_cli.pool``). That is the paper's fixed-pool baseline.
+
+Compared with the paper this stage simplifies in two ways: the memory summary is a fixed text
+block of the K most recent environments (no retrieval by similarity to the document), and a
+document is excerpted by a hashed window rather than chunked by a tokenizer.
+
+    spade design --model ckpt/iter_0003 --n 24 --group 4 --memory runs/x/memory.jsonl \\
+        --iteration 3 --out runs/x/iter_0003/designs.jsonl
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from spade_cli import corpus as corpus_mod
+from spade_cli import pool as pool_mod
+from spade_cli import prompts
+from spade_cli.artifacts import SpadeError, atomic_write_text, dumps, read_records
+from spade_cli.records import Design
+
+# The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
+EXAMPLE_ENV = "ledger_reconcile"
+
+
+def worked_example() -> dict:
+    envs = {e["name"]: e for e in pool_mod.load_folder(pool_mod.BUNDLED_POOL)}
+    return envs[EXAMPLE_ENV]
+
+
+def _group_id(seed: int, iteration: int, g: int) -> str:
+    return f"i{iteration:04d}-g{g:03d}-" + hashlib.sha256(f"{seed}|{iteration}|{g}".encode()).hexdigest()[:8]
+
+
+def _sub_seed(*parts: Any) -> int:
+    return int(hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:8], 16)
+
+
+def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | None, grounding: bool,
+                 memory: str | Path | None, excerpt_chars: int, memory_k: int = 12) -> list[dict]:
+    """The ``n / group`` prompts of a run: ``{group_id, doc, messages}``, no model needed."""
+    docs = corpus_mod.load_corpus(corpus) if grounding else None
+    mem = read_records(memory, expect="spade.memory") if memory else []
+    memory_text = prompts.memory_summary(mem, k=memory_k)
+    example = worked_example()
+    groups = n // group
+    picks = corpus_mod.select_docs(docs, groups, seed, iteration) if docs else [None] * groups
+    plan = []
+    for g, d in enumerate(picks):
+        doc = None
+        if d is not None:
+            text = corpus_mod.excerpt(d["text"], excerpt_chars, key=f"{d['id']}|{seed}|{iteration}|{g}")
+            doc = {"id": d["id"], "source": d["source"], "text": text}
+        messages = prompts.build_messages(example, doc["text"] if doc else None, memory_text)
+        plan.append({"group_id": _group_id(seed, iteration, g), "doc": doc, "messages": messages})
+    return plan
+
+
+def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: int, gen: dict) -> Design:
+    parsed = prompts.parse_completion(sample.text)
+    return Design(iteration=iteration, group_id=p["group_id"], sample=j, doc=p["doc"],
+                  messages=p["messages"], completion=sample.text, title=parsed.title, code=parsed.code,
+                  hint=parsed.hint, parse_error=parsed.error,
+                  tokens={"prompt_ids": prompt_ids, "completion_ids": list(sample.token_ids),
+                          "logprobs": sample.logprobs},
+                  gen={**gen, "finish_reason": sample.finish_reason})
+
+
+def _resume_groups(stage: Any, group: int) -> dict[str, list[dict]]:
+    """Rows of groups a crashed run finished; a half-written group is dropped from the partial."""
+    rows = stage.resume()
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_group[r.get("group_id")].append(r)
+    done = {gid: rs for gid, rs in by_group.items() if len(rs) == group}
+    if sum(len(rs) for rs in done.values()) != len(rows):
+        atomic_write_text(stage.partial, "".join(dumps(r) + "\n" for rs in done.values() for r in rs))
+    return done
+
+
+def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 4,
+        corpus: str | None = None, grounding: bool = True, memory: str | Path | None = None,
+        iteration: int = 0, seed: int = 0, backend: Any = "hf", base_url: str | None = None,
+        temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 4096, excerpt_chars: int = 1500,
+        enable_thinking: bool = False, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
+        config: dict | None = None, force: bool = False) -> dict:
+    """Write ``n`` design rows to ``out`` and return the summary (see the module docstring).
+
+    ``backend`` is a registry name (hf, vllm, openai, ``module:Class``) or a ready backend object.
+    ``memory`` is read when given; pass None for the no-memory ablation.
+    """
+    from spade_cli.artifacts import Stage
+
+    if n < 1 or group < 1 or n % group:
+        raise ValueError(f"--n ({n}) must be a positive multiple of --group ({group})")
+    if pool is None and not model and isinstance(backend, str):
+        raise ValueError("pass --model (a Designer checkpoint) or --pool (a fixed environment pool)")
+    if config is None:
+        config = {k: v for k, v in locals().items() if k not in ("out", "force", "Stage", "backend")}
+        config["backend"] = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
+    inputs: dict[str, list] = {}
+    if memory:
+        inputs["memory"] = [memory]
+    if pool and not pool.startswith("rg:"):
+        inputs["pool"] = [pool_mod.BUNDLED_POOL if pool == "bundled" else pool]
+    if pool is None and grounding and (corpus is None or Path(corpus).exists()):
+        inputs["corpus"] = [corpus or corpus_mod.BUNDLED]
+    if pool is None and model and Path(model).exists():
+        inputs["model"] = [model]
+    stage = Stage.begin("design", out, config, inputs, force=force)
+    if stage.check():
+        return {"status": "up to date", "out": str(out)}
+
+    if pool is not None:
+        envs = pool_mod.load_pool(pool, n, seed, iteration)
+        rows = pool_mod.pool_rows(envs, iteration, seed)
+        stage.partial.unlink(missing_ok=True)  # a pool is rebuilt in a moment: no resume needed
+        with stage.writer() as w:
+            for r in rows:
+                w.write(r)
+        summary = {"status": "ok", "out": str(out), "rows": len(rows), "pool": pool,
+                   "requested": n, "envs": len({r.env_id for r in rows}), "backend_calls": 0}
+        stage.commit(len(rows), summary)
+        return summary
+
+    plan = plan_prompts(n, group, seed, iteration, corpus, grounding, memory, excerpt_chars, memory_k)
+    done = _resume_groups(stage, group)
+    todo = [p for p in plan if p["group_id"] not in done]
+    be = backend
+    if isinstance(backend, str):
+        from spade_cli.backends import load_backend
+
+        kwargs = {"base_url": base_url} if base_url else {}
+        be = load_backend(backend, model, **kwargs)
+    from spade_cli.backends import Sampling, render_chat
+
+    calls = prompt_tokens = completion_tokens = parse_errors = 0
+    try:
+        chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)] if chunk > 0 else [todo]
+        with stage.writer() as w:
+            for part in (c for c in chunks if c):
+                ids = [render_chat(be.tokenizer, p["messages"], enable_thinking=enable_thinking) for p in part]
+                gen_seed = _sub_seed(seed, iteration, part[0]["group_id"])
+                sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=gen_seed)
+                outs = be.generate(ids, n=group, sampling=sampling)
+                calls += 1
+                gen = {"model": str(model) if model else getattr(be, "model", None), "backend": be.name,
+                       "temperature": temperature, "seed": gen_seed, "top_p": top_p,
+                       "max_tokens": max_tokens, "enable_thinking": enable_thinking}
+                if len(outs) != len(part) or any(len(o) != group for o in outs):
+                    raise SpadeError(f"backend {be.name} returned {[len(o) for o in outs]} samples for "
+                                     f"{len(part)} prompts x {group}")
+                for p, pid, samples in zip(part, ids, outs, strict=True):
+                    for j, s in enumerate(samples):
+                        row = design_row(p, j, s, pid, iteration, gen)
+                        parse_errors += row.parse_error is not None
+                        prompt_tokens += len(pid)
+                        completion_tokens += len(s.token_ids)
+                        w.write(row)
+    finally:
+        if isinstance(backend, str) and hasattr(be, "close"):
+            be.close()
+    resumed = sum(len(rs) for rs in done.values())
+    parse_errors += sum(r.get("parse_error") is not None for rs in done.values() for r in rs)
+    rows = resumed + sum(group for _ in todo)
+    summary = {"status": "ok", "out": str(out), "rows": rows, "groups": len(plan), "group": group,
+               "backend_calls": calls, "resumed_rows": resumed, "parse_errors": parse_errors,
+               "parsed": rows - parse_errors, "prompt_tokens": prompt_tokens,
+               "completion_tokens": completion_tokens, "grounding": grounding,
+               "memory": str(memory) if memory else None,
+               "doc_ids": [p["doc"]["id"] if p["doc"] else None for p in plan]}
+    stage.commit(rows, summary)
+    return summary
