@@ -1,0 +1,297 @@
+"""`spade report`: one row per iteration of a run, as CSV, JSONL and PNG plots.
+
+Input: a run directory (``spade_cli.layout.RunLayout``). For each iteration it reads what exists
+and leaves the rest empty, so a run that is still going (or died) reports what it has:
+
+- ``designs.jsonl``: designs and parse failures.
+- ``validated.jsonl``: valid count and rate, invalid reasons.
+- ``rollouts*.jsonl`` (one file or Slurm shards), streamed row by row: episodes, mean hinted and
+  unhinted return, episode errors.
+- ``scores.jsonl`` and its manifest: mean regret and designer reward over the scored envs; Vendi
+  score and Vendi/n from the manifest summary (``vendi``, ``vendi_per_n``, else
+  ``diversity.{vendi,vendi_per_n}``).
+- ``ckpt/iter_{i+1}/update.json``, the update that followed iteration i: loss, KL, entropy, clip
+  ratios, grad norm, per-role advantage and reward stats (any numeric leaf, read defensively).
+- ``eval/iter_{i}.jsonl``: the evaluation of the checkpoint iteration i played with; one column
+  ``eval:<task>/<metric>`` per row. An eval of the final checkpoint gets a row of its own.
+
+Only finished artifacts count: a stage's ``.partial-*`` file is ignored until its manifest is
+written. Per-iteration figures are cached in ``report/.cache/`` keyed by the size and mtime of
+the files they came from, so reporting a 400-iteration run again reads only what changed.
+
+Output, in ``RUN_DIR/report/``: ``iterations.csv``, ``iterations.jsonl`` and PNG plots
+(returns, validity, diversity, update, eval), each written only when it has data.
+
+    spade report runs/demo
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from spade_cli.artifacts import atomic_write_text, manifest_path, read_rows
+from spade_cli.layout import RunLayout
+from spade_cli.records import Design, Eval, Rollout, Score, Validation
+
+CACHE_VERSION = 1
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _designs(path: Path) -> dict:
+    n = parse_errors = 0
+    for _, _, rec in read_rows(path, expect="spade.design"):
+        assert isinstance(rec, Design)
+        n += 1
+        parse_errors += bool(rec.parse_error)
+    return {"designs": n, "parse_errors": parse_errors}
+
+
+def _validated(path: Path) -> dict:
+    n = valid = 0
+    reasons: Counter[str] = Counter()
+    for _, _, rec in read_rows(path, expect="spade.validation"):
+        assert isinstance(rec, Validation)
+        n += 1
+        valid += rec.valid
+        if not rec.valid:
+            reasons[rec.reason or "unknown"] += 1
+    return {"validated": n, "valid": valid, "valid_rate": valid / n if n else None,
+            "invalid_reasons": dict(reasons.most_common())}
+
+
+def _rollouts(paths: list[Path]) -> dict:
+    sums = {True: [0.0, 0], False: [0.0, 0]}
+    errors: Counter[str] = Counter()
+    for _, _, rec in read_rows(paths, expect="spade.rollout"):  # streamed: one row in memory
+        assert isinstance(rec, Rollout)
+        sums[rec.hinted][0] += rec.return_
+        sums[rec.hinted][1] += 1
+        if rec.error:
+            errors[rec.error] += 1
+    side = {h: s[0] / s[1] if s[1] else None for h, s in sums.items()}
+    return {"episodes": sums[True][1] + sums[False][1], "hinted_mean": side[True], "unhinted_mean": side[False],
+            "episode_errors": dict(errors.most_common())}
+
+
+def _scores(path: Path) -> dict:
+    regrets, rewards = [], []
+    for _, _, rec in read_rows(path, expect="spade.score"):
+        assert isinstance(rec, Score)
+        if rec.regret is not None:
+            regrets.append(rec.regret)
+        rewards.append(rec.designer_reward)
+    out: dict[str, Any] = {"scored_envs": len(rewards), "regret_mean": _mean(regrets),
+                           "designer_reward_mean": _mean(rewards)}
+    mpath = manifest_path(path)
+    if mpath.exists():
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, json.JSONDecodeError):
+            manifest = {}
+        summ, div = manifest.get("summary") or {}, manifest.get("diversity") or {}
+        for key in ("vendi", "vendi_per_n"):
+            value = summ.get(key, div.get(key))
+            out[key] = value if isinstance(value, int | float) else None
+    return out
+
+
+def _flatten(prefix: str, value: Any, out: dict) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        out[prefix] = value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+
+
+def _update(path: Path) -> dict:
+    """Numeric leaves of update.json's ``metrics`` and ``roles``, prefixed ``update.``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        _flatten("update", {k: data[k] for k in ("metrics", "roles") if k in data} or data, out)
+    return {k.replace("update.metrics.", "update."): v for k, v in out.items()}
+
+
+def _eval(path: Path) -> dict:
+    out = {}
+    for _, _, rec in read_rows(path, expect="spade.eval"):
+        assert isinstance(rec, Eval)
+        out[f"eval:{rec.task}/{rec.metric}"] = rec.value
+    return out
+
+
+def _sources(layout: RunLayout, i: int) -> dict[str, list[Path]]:
+    rollouts = sorted(p for p in layout.iter_dir(i).glob("rollouts*.jsonl"))
+    return {
+        "designs": [layout.designs(i)], "validated": [layout.validated(i)], "rollouts": rollouts,
+        "scores": [layout.scores(i)], "update": [layout.ckpt(i + 1) / "update.json"], "eval": [layout.eval(i)],
+    }
+
+
+def _stamp(paths: list[Path]) -> list:
+    """What the cache is keyed on: name, size and mtime of each file and of its manifest."""
+    out = []
+    for p in paths:
+        for q in (p, manifest_path(p)):
+            if q.exists():
+                st = q.stat()
+                out.append([str(q), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def iteration_row(layout: RunLayout, i: int, cache_dir: Path | None = None) -> dict:
+    """Every figure of iteration ``i`` that its finished artifacts give, as a flat dict."""
+    # Only finished outputs exist under these names; a stage's .partial-* file has another one.
+    sources = {k: [p for p in v if p.exists()] for k, v in _sources(layout, i).items()}
+    key = {"version": CACHE_VERSION, "stamp": _stamp([p for v in sources.values() for p in v])}
+    cache = cache_dir / f"iter_{i:04d}.json" if cache_dir else None
+    if cache and cache.exists():
+        try:
+            cached = json.loads(cache.read_text())
+            if cached.get("key") == key:
+                return cached["row"]
+        except (OSError, json.JSONDecodeError):
+            pass
+    row: dict[str, Any] = {"iteration": i}
+    readers = {"designs": _designs, "validated": _validated, "scores": _scores, "update": _update, "eval": _eval}
+    for name, files in sources.items():
+        if not files:
+            continue
+        row.update(_rollouts(files) if name == "rollouts" else readers[name](files[0]))
+    if cache:
+        atomic_write_text(cache, json.dumps({"key": key, "row": row}) + "\n")
+    return row
+
+
+def iterations(layout: RunLayout) -> list[int]:
+    """Iterations with an iter dir, an eval file, or a checkpoint (the final one has only those)."""
+    found = set(layout.iterations())
+    found |= {int(p.stem[5:]) for p in (layout.root / "eval").glob("iter_[0-9][0-9][0-9][0-9].jsonl")}
+    found |= {int(p.name[5:]) - 1 for p in (layout.root / "ckpt").glob("iter_[0-9][0-9][0-9][0-9]")
+              if (p / "update.json").exists() and int(p.name[5:]) > 0}
+    return sorted(found)
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ";".join(f"{k}:{v}" for k, v in value.items())
+    return "" if value is None else value
+
+
+def to_csv(rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: _cell(row.get(c)) for c in columns})
+    return buf.getvalue()
+
+
+def columns_of(rows: list[dict]) -> list[str]:
+    """Fixed columns first (in pipeline order), then update and eval columns as they appear."""
+    fixed = ["iteration", "designs", "parse_errors", "validated", "valid", "valid_rate", "invalid_reasons",
+             "episodes", "unhinted_mean", "hinted_mean", "episode_errors", "scored_envs", "regret_mean",
+             "designer_reward_mean", "vendi", "vendi_per_n"]
+    seen = {k for row in rows for k in row}
+    rest = sorted(k for k in seen if k not in fixed)
+    return [c for c in fixed if c in seen or c == "iteration"] + [c for c in rest if c.startswith("update.")] + \
+        [c for c in rest if not c.startswith("update.")]
+
+
+def run(run_dir: str | Path, plots: bool = True) -> dict:
+    """Build the per-iteration table and its files; returns the summary (rows included)."""
+    from spade_cli.artifacts import SpadeError
+
+    layout = RunLayout(Path(run_dir))
+    if not layout.root.is_dir():
+        raise SpadeError(f"{run_dir}: not a directory")
+    its = iterations(layout)
+    if not its:
+        raise SpadeError(f"{run_dir}: no iter_XXXX directories, eval files or checkpoints: is this a run directory?")
+    out_dir = layout.report_dir
+    rows = [iteration_row(layout, i, out_dir / ".cache") for i in its]
+    columns = columns_of(rows)
+    atomic_write_text(out_dir / "iterations.csv", to_csv(rows, columns))
+    atomic_write_text(out_dir / "iterations.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    written = []
+    if plots:
+        written = write_plots(rows, out_dir)
+    return {"status": "ok", "run_dir": str(layout.root), "iterations": len(rows), "first": its[0], "last": its[-1],
+            "csv": str(out_dir / "iterations.csv"), "jsonl": str(out_dir / "iterations.jsonl"),
+            "plots": [str(p) for p in written], "columns": columns, "rows": rows}
+
+
+# -- plots -------------------------------------------------------------------------------------
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["iteration"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """savefig to a temp file in the same folder, then rename: readers never see half a PNG."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
+    """One PNG per panel that has data: returns, validity, diversity, update, eval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    panels = {
+        "returns": [("unhinted_mean", "unhinted return"), ("hinted_mean", "hinted return"),
+                    ("regret_mean", "hint-regret")],
+        "validity": [("valid_rate", "valid rate")],
+        "diversity": [("vendi_per_n", "Vendi / n")],
+        "update": [(k, k.removeprefix("update.")) for k in ("update.loss", "update.kl", "update.entropy",
+                                                           "update.grad_norm.mean", "update.clip_ratio.region")],
+        "eval": [(k, k.removeprefix("eval:")) for k in sorted({k for r in rows for k in r if k.startswith("eval:")})],
+    }
+    written = []
+    for name, series in panels.items():
+        present = [(k, label) for k, label in series if _series(rows, k)[0]]
+        if not present:
+            continue
+        separate = name == "update"  # losses and norms live on different scales
+        n = len(present) if separate else 1
+        fig, axes = plt.subplots(n, 1, figsize=(7, 2.4 * n if separate else 3.6), squeeze=False, sharex=True)
+        for j, (key, label) in enumerate(present):
+            ax = axes[j if separate else 0][0]
+            xs, ys = _series(rows, key)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+            ax.set_ylabel(label if separate else name)
+            ax.grid(alpha=0.3)
+            if not separate:
+                ax.legend(fontsize=8)
+        axes[-1][0].set_xlabel("iteration")
+        axes[-1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.suptitle(name)
+        written.append(_save(fig, out_dir / f"{name}.png"))
+        plt.close(fig)
+    return written

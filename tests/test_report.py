@@ -1,0 +1,149 @@
+"""`spade report` over a hand-made run directory whose figures are computed by hand below.
+
+The run has three iterations: iteration 0 is complete (designs, validation, two rollout shards,
+scores with a manifest, the update that followed it, an eval), iteration 1 stopped after
+validation with a half-written rollout partial (it must be ignored), and the final checkpoint
+(iteration 2) has only an eval.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_spade
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _design(i: int, k: int, parse_error: str | None = None) -> dict:
+    return {"schema": "spade.design/1", "iteration": i, "code": None if parse_error else f"# env {i}.{k}",
+            "hint": f"hint {k}", "parse_error": parse_error}
+
+
+def _val(i: int, k: int, valid: bool, reason: str | None = None) -> dict:
+    return {**_design(i, k), "schema": "spade.validation/1", "valid": valid, "reason": reason}
+
+
+def _ep(env: str, hinted: bool, pair: int, ret: float, error: str | None = None) -> dict:
+    return {"schema": "spade.rollout/1", "episode_id": f"{env}-{int(hinted)}-{pair}", "env_id": env,
+            "iteration": 0, "hinted": hinted, "seed": pair, "pair": pair, "return": ret, "error": error}
+
+
+def _score(env: str, regret: float | None, reward: float) -> dict:
+    return {"schema": "spade.score/1", "env_id": env, "iteration": 0, "signal": "regret", "hinted_mean": None,
+            "unhinted_mean": None, "hinted_n": 2, "unhinted_n": 2, "regret": regret, "regret_ci95": None,
+            "designer_reward": reward}
+
+
+def _eval(task: str, value: float) -> dict:
+    return {"schema": "spade.eval/1", "task": task, "metric": "score", "value": value, "stderr": 0.1, "n": 10}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "runs" / "demo"
+    it0, it1 = root / "iter_0000", root / "iter_0001"
+    _jsonl(it0 / "designs.jsonl", [_design(0, 0), _design(0, 1), _design(0, 2), _design(0, 3, "no code block")])
+    _jsonl(it0 / "validated.jsonl", [_val(0, 0, True), _val(0, 1, True), _val(0, 2, False, "trivial"),
+                                     _val(0, 3, False, "no_code")])
+    # Two shards: unhinted returns 0, 0.5, 0.25, 0.25 (mean 0.25); hinted 1, 0.5, 1, 0.5 (mean 0.75).
+    _jsonl(it0 / "rollouts.shard-00-of-02.jsonl", [_ep("a", False, 0, 0.0), _ep("a", False, 1, 0.5),
+                                                   _ep("a", True, 0, 1.0), _ep("a", True, 1, 0.5)])
+    _jsonl(it0 / "rollouts.shard-01-of-02.jsonl", [_ep("b", False, 0, 0.25), _ep("b", False, 1, 0.25),
+                                                   _ep("b", True, 0, 1.0), _ep("b", True, 1, 0.5, "step_timeout")])
+    # Regrets 0.5 and 0.5 -> mean 0.5; rewards 0.5, 0.5, 0 -> mean 1/3; a null regret is left out.
+    _jsonl(it0 / "scores.jsonl", [_score("a", 0.5, 0.5), _score("b", 0.5, 0.5), _score("c", None, 0.0)])
+    (it0 / "scores.jsonl.manifest.json").write_text(json.dumps(
+        {"stage": "regret", "summary": {"vendi": 1.5, "vendi_per_n": 0.75}}))
+    upd = root / "ckpt" / "iter_0001" / "update.json"
+    upd.parent.mkdir(parents=True)
+    upd.write_text(json.dumps({"metrics": {"loss": 0.125, "kl": None, "entropy": 2.0,
+                                           "clip_ratio": {"low": 0.0, "high": 0.01, "region": 0.01},
+                                           "grad_norm": {"mean": 0.5, "max": 0.75}},
+                               "roles": {"agent": {"advantage": {"n": 8, "mean": 0.0, "std": 1.0}}}}))
+    _jsonl(root / "eval" / "iter_0000.jsonl", [_eval("rg:basic_arithmetic", 0.2)])
+    _jsonl(it1 / "validated.jsonl", [_val(1, 0, True), _val(1, 1, False, "trivial")])
+    (it1 / "rollouts.jsonl.partial-0123456789ab").write_text(json.dumps(_ep("z", False, 0, 1.0)) + "\n{tor")
+    _jsonl(root / "eval" / "iter_0002.jsonl", [_eval("rg:basic_arithmetic", 0.4)])
+    return root
+
+
+def _csv(root: Path) -> list[dict]:
+    with open(root / "report" / "iterations.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.integration
+def test_report_tables_and_plots_hold_hand_computed_values(run_dir: Path) -> None:
+    proc = run_spade("report", run_dir, env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(proc.stdout.strip().splitlines()) == 1
+    assert (summary["iterations"], summary["first"], summary["last"]) == (3, 0, 2)
+
+    rows = _csv(run_dir)
+    assert [r["iteration"] for r in rows] == ["0", "1", "2"]
+    r0, r1, r2 = rows
+    assert (r0["designs"], r0["parse_errors"], r0["validated"], r0["valid"]) == ("4", "1", "4", "2")
+    assert float(r0["valid_rate"]) == 0.5
+    assert r0["invalid_reasons"] in ("trivial:1;no_code:1", "no_code:1;trivial:1")
+    assert r0["episodes"] == "8"
+    assert float(r0["unhinted_mean"]) == pytest.approx(0.25)
+    assert float(r0["hinted_mean"]) == pytest.approx(0.75)
+    assert r0["episode_errors"] == "step_timeout:1"
+    assert float(r0["regret_mean"]) == pytest.approx(0.5)
+    assert float(r0["designer_reward_mean"]) == pytest.approx(1 / 3)
+    assert (float(r0["vendi"]), float(r0["vendi_per_n"])) == (1.5, 0.75)
+    assert float(r0["update.loss"]) == 0.125 and float(r0["update.grad_norm.mean"]) == 0.5
+    assert float(r0["update.roles.agent.advantage.std"]) == 1.0
+    assert "update.kl" not in r0  # a null KL (beta 0) gives no column
+    assert float(r0["eval:rg:basic_arithmetic/score"]) == pytest.approx(0.2)
+    # Iteration 1 stopped after validation: its rollout partial is not read.
+    assert (r1["valid"], float(r1["valid_rate"]), r1["episodes"], r1["unhinted_mean"]) == ("1", 0.5, "", "")
+    # The final checkpoint has only its eval.
+    assert r2["designs"] == "" and float(r2["eval:rg:basic_arithmetic/score"]) == pytest.approx(0.4)
+
+    lines = (run_dir / "report" / "iterations.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["invalid_reasons"] == {"trivial": 1, "no_code": 1}
+
+    names = {Path(p).name for p in summary["plots"]}
+    assert names == {"returns.png", "validity.png", "diversity.png", "update.png", "eval.png"}
+    for name in names:
+        data = (run_dir / "report" / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000
+    assert "valid%" in proc.stderr and "Vendi/n" in proc.stderr
+
+
+@pytest.mark.unit
+def test_report_cache_follows_changed_inputs(run_dir: Path) -> None:
+    from stages import report
+
+    first = report.run(run_dir, plots=False)["rows"][0]
+    assert first["unhinted_mean"] == pytest.approx(0.25)
+    shard = run_dir / "iter_0000" / "rollouts.shard-00-of-02.jsonl"
+    _jsonl(shard, [_ep("a", False, 0, 1.0), _ep("a", False, 1, 1.0), _ep("a", True, 0, 1.0)])
+    again = report.run(run_dir, plots=False)["rows"][0]
+    assert again["unhinted_mean"] == pytest.approx((1.0 + 1.0 + 0.25 + 0.25) / 4)
+    assert again["episodes"] == 7
+
+
+@pytest.mark.integration
+def test_report_names_a_bad_row_and_rejects_an_empty_dir(run_dir: Path, tmp_path: Path) -> None:
+    bad = run_dir / "iter_0000" / "scores.jsonl"
+    bad.write_text(bad.read_text() + '{"schema": "spade.score/1", "env_id": "x"}\n')
+    proc = run_spade("report", run_dir)
+    assert proc.returncode == 1
+    assert f"{bad}:4" in proc.stderr.replace("\n", "")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_spade("report", empty)
+    assert proc.returncode == 1 and "run directory" in proc.stderr
