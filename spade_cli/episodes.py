@@ -1,0 +1,475 @@
+"""The episode engine behind `spade rollout`: many multi-turn episodes advanced in lockstep.
+
+Every active episode takes one turn per *tick*: one batched ``backend.generate`` call produces the
+replies of all of them, then the environment steps run in the sandbox workers, one thread per
+worker, in parallel with each other. Finished episodes leave the batch and queued ones take their
+place (up to ``max_concurrent``), so the batch stays full without a second generate call per tick.
+This lockstep design is used for every backend; servers behind ``openai`` batch the list of
+prompts of one tick themselves.
+
+Token bookkeeping. The first prompt is the chat template rendered over ``[system, first
+observation]``. Everything after it goes to ``completion_ids``: the sampled ids of each reply
+(``env_mask`` 1, the sampler's log-probabilities) and, between replies, the ids of the text that
+the template puts between the end of the reply and the next generation prompt (``env_mask`` 0,
+log-probability null). That text is found by rendering the chat as text and taking what follows
+the text decoded so far, so ``decode(prompt_ids + completion_ids)`` equals the rendered final chat
+by construction; a reply cut by ``max_tokens`` (no EOS) simply gets the template's turn-end token
+as an env token. The sampled ids are kept as sampled (never re-tokenized), because training must
+score exactly the tokens the sampler produced. This requires an append-only chat template (spade's
+tiny model has one); a template that rewrites earlier turns is reported as an error.
+
+Environments are deterministic given the seed and the actions (DESIGN §4). The engine uses that
+when a worker process dies: episodes that shared the dead worker are rebuilt on the replacement by
+replaying their actions, and a replay that does not reproduce the recorded observations ends the
+episode as ``nondeterministic``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from spade_cli.backends import Sampling, render_chat
+from spade_cli.records import Rollout
+
+SYSTEM_PROMPT = (
+    "You are an agent playing a text environment, one turn at a time. Each user message is the "
+    "environment's observation. Reply with your next action as plain text; only the text after "
+    "any <think>...</think> block is sent to the environment, cut to {max_chars} characters. "
+    "The episode ends when the environment says so, or after {max_turns} turns. Your goal is to "
+    "solve the task: the environment rewards a solved task with a total reward of 1."
+)
+HINT_BLOCK = "\n\nA hint about this environment, written by its designer:\n{hint}"
+THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class PlayConfig:
+    max_turns: int = 16
+    max_new_tokens: int = 512
+    max_episode_tokens: int = 8192
+    max_action_chars: int = 2000
+    temperature: float = 1.0
+    top_p: float = 1.0
+    enable_thinking: bool = True
+    error_return: float = 0.0
+    quarantine_after: int = 3
+    max_concurrent: int = 256
+    env_threads: int = 8
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    env_id: str
+    code: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    episode_id: str
+    env_id: str
+    iteration: int
+    hinted: bool
+    seed: int
+    pair: int
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
+
+
+def episode_seed(run_seed: int, iteration: int, env_id: str, pair: int) -> int:
+    """The env seed of one pair: the hinted and the unhinted episode of the pair share it."""
+    return int(_digest("seed", run_seed, iteration, env_id, pair)[:8], 16) & 0x7FFFFFFF
+
+
+def episode_id(run_seed: int, iteration: int, env_id: str, pair: int, hinted: bool) -> str:
+    return _digest("episode", run_seed, iteration, env_id, pair, int(hinted))[:20]
+
+
+def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int) -> list[EpisodeSpec]:
+    """k unhinted and k hinted episodes per env, on the same k seeds, grouped by env."""
+    return [EpisodeSpec(episode_id(run_seed, iteration, e, p, h), e, iteration, h,
+                        episode_seed(run_seed, iteration, e, p), p)
+            for e in env_ids for p in range(k) for h in (False, True)]
+
+
+def system_message(hint: str | None, cfg: PlayConfig) -> str:
+    text = SYSTEM_PROMPT.format(max_chars=cfg.max_action_chars, max_turns=cfg.max_turns)
+    return text + HINT_BLOCK.format(hint=hint) if hint else text
+
+
+def to_action(reply: str, max_chars: int) -> str:
+    """What goes to ``step``: the reply without its think block (an unclosed one is dropped whole,
+    the model never finished thinking), stripped and cut to ``max_chars``."""
+    text = THINK_RE.sub("", reply)
+    if "<think>" in text:
+        text = text.split("<think>", 1)[0]
+    return text.strip()[:max_chars]
+
+
+class TemplateError(RuntimeError):
+    """The chat template rewrote earlier turns, so env tokens cannot be spliced exactly."""
+
+
+@dataclass
+class Episode:
+    spec: EpisodeSpec
+    messages: list[dict] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    text: str = ""  # the decoded token stream so far (= the rendered chat)
+    first_obs: str = ""
+    turns: list[dict] = field(default_factory=list)
+    ret: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    stop: str | None = None
+    pending: str | None = None  # the action of the current tick, not yet stepped
+    closed: bool = False  # the token stream ends with the template's end of the last reply
+    gen_tokens: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    def record(self, error_return: float) -> Rollout:
+        s = self.spec
+        return Rollout(
+            episode_id=s.episode_id, env_id=s.env_id, iteration=s.iteration, hinted=s.hinted,
+            seed=s.seed, pair=s.pair, messages=self.messages, turns=self.turns,
+            return_=error_return if self.error else self.ret, terminated=self.terminated,
+            truncated=self.truncated, error=self.error,
+            tokens={"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
+                    "env_mask": self.env_mask, "logprobs": self.logprobs},
+            extra={"stop": self.stop, "agent_tokens": self.gen_tokens},
+        )
+
+
+@dataclass
+class Stats:
+    """Counters the progress display and the benchmark read."""
+
+    total: int = 0
+    done: int = 0
+    turns: int = 0
+    ticks: int = 0
+    calls: int = 0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+    env_s: float = 0.0
+    env_steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    errors: Counter = field(default_factory=Counter)
+    quarantined: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """Plays episode specs against a backend and a sandbox pool; see the module docstring.
+
+    ``emit(rollout)`` is called once per finished episode (the stage writes it to disk);
+    ``progress(stats)`` after every tick. ``env_error`` is the sandbox's ``EnvError`` (any
+    exception class with a ``reason`` attribute, for tests with a stand-in pool).
+    """
+
+    def __init__(self, backend: Any, pool: Any, envs: dict[str, EnvSource], cfg: PlayConfig,
+                 emit: Callable[[Rollout], None], progress: Callable[[Stats], None] | None = None,
+                 env_error: type[Exception] | None = None):
+        if env_error is None:
+            from spade_cli.sandbox import EnvError as env_error
+        self.EnvError = env_error
+        self.backend, self.pool, self.envs, self.cfg = backend, pool, envs, cfg
+        self.tok = backend.tokenizer
+        self.eos = self.tok.eos_token_id
+        self.emit, self.progress = emit, progress or (lambda s: None)
+        self.workers: dict[str, Any] = {}
+        self.errors: dict[str, list[str]] = defaultdict(list)
+        self.bad: dict[str, str] = {}  # quarantined env -> reason
+        self.stats = Stats()
+
+    # -- rendering ---------------------------------------------------------------------------
+    def _render_text(self, messages: list[dict], gen: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
+                                            enable_thinking=self.cfg.enable_thinking)
+
+    def _splice_env(self, ep: Episode, gen: bool) -> None:
+        """Append, as env tokens, whatever the template renders after the text so far."""
+        full = self._render_text(ep.messages, gen)
+        if not full.startswith(ep.text):
+            raise TemplateError("the chat template rewrites earlier turns; spade needs an append-only "
+                                "template (see spade_cli/tinymodel.py) to splice env tokens exactly")
+        ids = self.tok.encode(full[len(ep.text):], add_special_tokens=False)
+        ep.completion_ids += ids
+        ep.env_mask += [0] * len(ids)
+        ep.logprobs += [None] * len(ids)
+        ep.text = full
+        ep.closed = not gen
+
+    # -- workers -----------------------------------------------------------------------------
+    def _worker(self, env_id: str) -> Any:
+        w = self.workers.get(env_id)
+        if w is None or not w.alive:
+            if w is not None:
+                w.close()
+            src = self.envs[env_id]
+            w = self.workers[env_id] = self.pool.open(src.code, env_id)
+        return w
+
+    def _drop_worker(self, env_id: str) -> None:
+        w = self.workers.pop(env_id, None)
+        if w is not None:
+            w.close()
+
+    def _parallel(self, jobs: dict[str, list[Episode]], fn: Callable[[Any, Episode], Any],
+                  ) -> list[tuple[Episode, Any]]:
+        """Run ``fn(worker, ep)`` for every episode, one thread per worker (calls on one worker
+        are sequential); after a worker dies its remaining episodes get the marker 'lost'."""
+
+        def run_worker(env_id: str, eps: list[Episode]) -> list[tuple[Episode, Any]]:
+            out: list[tuple[Episode, Any]] = []
+            try:
+                w = self._worker(env_id)
+            except self.EnvError as exc:
+                return [(ep, exc) for ep in eps]
+            for ep in eps:
+                if not w.alive:
+                    out.append((ep, "lost"))
+                    continue
+                try:
+                    out.append((ep, fn(w, ep)))
+                except self.EnvError as exc:
+                    out.append((ep, exc))
+            return out
+
+        t0 = time.perf_counter()
+        results: list[tuple[Episode, Any]] = []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.env_threads, len(jobs)))) as ex:
+            for part in ex.map(lambda kv: run_worker(*kv), list(jobs.items())):
+                results += part
+        self.stats.env_s += time.perf_counter() - t0
+        return results
+
+    # -- episode lifecycle -------------------------------------------------------------------
+    def _finish(self, ep: Episode, stop: str, error: str | None = None) -> None:
+        ep.stop, ep.error = stop, error
+        if ep.messages and ep.messages[-1]["role"] == "assistant" and not ep.closed:
+            self._splice_env(ep, gen=False)  # close the last reply the way the template does
+        if error:
+            self.stats.errors[error] += 1
+        w = self.workers.get(ep.spec.env_id)
+        if w is not None and w.alive and stop != "quarantined":
+            try:
+                w.close_episode(ep.spec.episode_id)
+            except self.EnvError:
+                pass
+        self.emit(ep.record(self.cfg.error_return))
+        self.stats.done += 1
+
+    def _fail(self, ep: Episode, reason: str) -> None:
+        self.errors[ep.spec.env_id].append(reason)
+        self._finish(ep, "error", reason)
+        if len(self.errors[ep.spec.env_id]) >= self.cfg.quarantine_after:
+            self.bad.setdefault(ep.spec.env_id, Counter(self.errors[ep.spec.env_id]).most_common(1)[0][0])
+
+    def _start(self, spec: EpisodeSpec, obs: str) -> Episode:
+        hint = self.envs[spec.env_id].hint if spec.hinted else None
+        ep = Episode(spec, first_obs=obs)
+        ep.messages = [{"role": "system", "content": system_message(hint, self.cfg)},
+                       {"role": "user", "content": obs}]
+        ep.prompt_ids = render_chat(self.tok, ep.messages, enable_thinking=self.cfg.enable_thinking)
+        ep.text = self._render_text(ep.messages, True)
+        return ep
+
+    def _leaks(self, env_id: str, obs: str) -> bool:
+        hint = (self.envs[env_id].hint or "").strip()
+        return len(hint) >= 8 and hint in obs
+
+    def _reset_all(self, specs: list[EpisodeSpec]) -> list[Episode]:
+        jobs: dict[str, list[Episode]] = defaultdict(list)
+        for spec in specs:
+            jobs[spec.env_id].append(Episode(spec))
+        started = []
+        for ep, res in self._parallel(jobs, lambda w, ep: w.reset(ep.spec.episode_id, ep.spec.seed)):
+            if res == "lost":  # another episode killed the worker: retry on a fresh one next tick
+                self.queue.appendleft(ep.spec)
+            elif isinstance(res, self.EnvError):
+                self._note_dead(ep.spec.env_id)
+                self._fail(ep, res.reason)
+            elif self._leaks(ep.spec.env_id, res[0]):
+                self._fail(ep, "hint_leak")
+            else:
+                ep = self._start(ep.spec, res[0])
+                if ep.n_tokens + 1 > self.cfg.max_episode_tokens:  # the first prompt fills the budget
+                    ep.truncated = True
+                    self._finish(ep, "max_episode_tokens")
+                else:
+                    started.append(ep)
+        return started
+
+    def _note_dead(self, env_id: str) -> None:
+        w = self.workers.get(env_id)
+        if w is not None and not w.alive:
+            self._drop_worker(env_id)
+
+    def _replay(self, w: Any, ep: Episode) -> Any:
+        """Rebuild an episode on a fresh worker from its seed and actions, then take its turn."""
+        obs, _ = w.reset(ep.spec.episode_id, ep.spec.seed)
+        if obs != ep.first_obs:
+            return "nondeterministic"
+        for turn in ep.turns:
+            got = w.step(ep.spec.episode_id, turn["action"])
+            if got[0] != turn["observation"] or float(got[1]) != turn["reward"]:
+                return "nondeterministic"
+        return w.step(ep.spec.episode_id, ep.pending)
+
+    def _apply(self, ep: Episode, res: Any) -> bool:
+        """Take one step result into the episode; True when it goes on."""
+        if isinstance(res, self.EnvError):
+            self._fail(ep, res.reason)
+            return False
+        if isinstance(res, str):  # a replay that did not reproduce the episode
+            self._fail(ep, res)
+            return False
+        obs, reward, terminated, truncated, _info = res
+        ep.turns.append({"action": ep.pending, "observation": obs, "reward": float(reward)})
+        ep.ret += float(reward)
+        self.stats.turns += 1
+        if self._leaks(ep.spec.env_id, obs):
+            self._fail(ep, "hint_leak")
+            return False
+        if not -1e-6 <= ep.ret <= 1 + 1e-6:
+            self._fail(ep, "return_out_of_range")
+            return False
+        cap_turns = len(ep.turns) >= self.cfg.max_turns
+        ep.terminated, ep.truncated = bool(terminated), bool(truncated) or cap_turns
+        if terminated or truncated or cap_turns:
+            self._finish(ep, "env" if terminated or truncated else "max_turns")
+            return False
+        ep.messages.append({"role": "user", "content": obs})
+        before = (len(ep.messages), ep.text, len(ep.completion_ids))
+        self._splice_env(ep, gen=True)
+        if ep.n_tokens + 1 > self.cfg.max_episode_tokens:  # no room for even one more agent token
+            ep.messages.pop()
+            ep.text = before[1]
+            del ep.completion_ids[before[2]:], ep.env_mask[before[2]:], ep.logprobs[before[2]:]
+            ep.truncated = True
+            self._finish(ep, "max_episode_tokens")
+            return False
+        return True
+
+    def _absorb(self, ep: Episode, sample: Any) -> None:
+        """Append a sampled reply (cut to the context budget) and set the pending action."""
+        room = max(0, self.cfg.max_episode_tokens - ep.n_tokens)
+        ids = list(sample.token_ids)[:room]
+        lps = list(sample.logprobs) if sample.logprobs is not None else [None] * len(sample.token_ids)
+        lps = lps[:len(ids)]
+        ep.completion_ids += ids
+        ep.env_mask += [1] * len(ids)
+        ep.logprobs += lps
+        ep.gen_tokens += len(ids)
+        self.stats.gen_tokens += len(ids)
+        body = ids[:-1] if ids and ids[-1] == self.eos else ids
+        reply = self.tok.decode(body, skip_special_tokens=False)
+        ep.text += self.tok.decode(ids, skip_special_tokens=False)
+        ep.messages.append({"role": "assistant", "content": reply})
+        ep.pending = to_action(reply, self.cfg.max_action_chars)
+
+    def _quarantine(self, active: list[Episode]) -> list[Episode]:
+        """Finish every active and queued episode of a quarantined env with its main reason."""
+        if not self.bad:
+            return active
+        for env_id in self.bad:
+            if env_id not in self.stats.quarantined:
+                self.stats.quarantined.append(env_id)
+                self._drop_worker(env_id)
+        keep = []
+        for ep in active:
+            if ep.spec.env_id in self.bad:
+                self._finish(ep, "quarantined", self.bad[ep.spec.env_id])
+            else:
+                keep.append(ep)
+        queued = [s for s in self.queue if s.env_id in self.bad]
+        if queued:
+            self.queue = deque(s for s in self.queue if s.env_id not in self.bad)
+            for spec in queued:
+                self._finish(Episode(spec), "quarantined", self.bad[spec.env_id])
+        return keep
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, specs: list[EpisodeSpec]) -> Stats:
+        cfg = self.cfg
+        self.queue: deque[EpisodeSpec] = deque(specs)
+        self.stats.total = len(specs)
+        active: list[Episode] = []
+        try:
+            while True:
+                room = cfg.max_concurrent - len(active)
+                if room > 0 and self.queue:
+                    batch = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
+                    active += self._reset_all(batch)
+                active = self._quarantine(active)
+                if not active:
+                    if not self.queue:
+                        break
+                    continue
+                self._tick(active)
+                active = self._quarantine([ep for ep in active if ep.stop is None])
+                left = Counter(ep.spec.env_id for ep in active) + Counter(s.env_id for s in self.queue)
+                for env_id in list(self.workers):  # close workers whose env has nothing left
+                    if not left[env_id]:
+                        self._drop_worker(env_id)
+                self.progress(self.stats)
+        finally:
+            for env_id in list(self.workers):
+                self._drop_worker(env_id)
+        self.progress(self.stats)
+        return self.stats
+
+    def _tick(self, active: list[Episode]) -> None:
+        cfg = self.cfg
+        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
+                            seed=int(_digest("gen", cfg.seed, self.stats.ticks)[:8], 16) & 0x7FFFFFFF)
+        t0 = time.perf_counter()
+        outs = self.backend.generate([ep.prompt_ids + ep.completion_ids for ep in active], 1, sampling)
+        self.stats.gen_s += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.ticks += 1
+        jobs: dict[str, list[Episode]] = defaultdict(list)
+        for ep, samples in zip(active, outs, strict=True):
+            self._absorb(ep, samples[0])
+            jobs[ep.spec.env_id].append(ep)
+        results = self._parallel(jobs, lambda w, ep: w.step(ep.spec.episode_id, ep.pending))
+        lost: dict[str, list[Episode]] = defaultdict(list)
+        for ep, res in results:
+            if isinstance(res, self.EnvError):
+                self._note_dead(ep.spec.env_id)
+            if res == "lost":
+                lost[ep.spec.env_id].append(ep)
+                continue
+            self._apply(ep, res)
+        # Episodes that shared a worker that died: replay them on a fresh one. Each round settles
+        # at least the first episode of every worker, so the loop ends.
+        while lost:
+            for env_id in lost:
+                self._note_dead(env_id)
+            again: dict[str, list[Episode]] = defaultdict(list)
+            for ep, res in self._parallel(lost, self._replay):
+                if res == "lost":
+                    again[ep.spec.env_id].append(ep)
+                    continue
+                if isinstance(res, self.EnvError):
+                    self._note_dead(ep.spec.env_id)
+                self._apply(ep, res)
+            lost = again
+        self.stats.env_steps += len(results)

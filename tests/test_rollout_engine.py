@@ -1,0 +1,140 @@
+"""The episode engine: seeds and pairing, token alignment, masking, errors, replay, quarantine.
+
+The model is the real tiny checkpoint through the real hf backend (or the scripted fake backend
+when a test needs to choose the agent's words); the sandbox is the in-process stand-in from
+``test_rollout_envs`` so these tests isolate the engine. ``test_rollout_cli.py`` runs the real sandbox.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spade_cli.episodes import Engine, EnvSource, PlayConfig, episode_specs, to_action
+from spade_cli.records import env_id_for
+from tests.test_rollout_envs import CRASHER, GUESS, HINT, RAISER, StandInError, StandInPool
+
+BOOM = GUESS.replace("        self.t += 1\n", "        self.t += 1\n        if 'boom' in action:\n"
+                     "            raise SystemExit(3)\n", 1)
+
+
+def _envs(*codes: str) -> dict[str, EnvSource]:
+    return {env_id_for(c, HINT): EnvSource(env_id_for(c, HINT), c, HINT) for c in codes}
+
+
+def _play(backend, envs, k=2, **cfg):
+    rows, pool = [], StandInPool()
+    engine = Engine(backend, pool, envs, PlayConfig(**{"max_turns": 3, "max_new_tokens": 16, **cfg}),
+                    rows.append, env_error=StandInError)
+    stats = engine.run(episode_specs(list(envs), k, run_seed=7, iteration=2))
+    return rows, stats, pool
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model):
+    from spade_cli.backends import load_backend
+
+    return load_backend("hf", str(tiny_model))
+
+
+@pytest.mark.unit
+def test_specs_pair_hinted_and_unhinted_on_the_same_seeds():
+    specs = episode_specs(["e1", "e2"], 3, run_seed=1, iteration=4)
+    assert len(specs) == 12 and len({s.episode_id for s in specs}) == 12
+    for env in ("e1", "e2"):
+        for pair in range(3):
+            a, b = (s for s in specs if s.env_id == env and s.pair == pair)
+            assert a.seed == b.seed and {a.hinted, b.hinted} == {False, True}
+    assert len({s.seed for s in specs}) == 6
+    assert specs == episode_specs(["e1", "e2"], 3, run_seed=1, iteration=4)  # deterministic
+    other = episode_specs(["e1", "e2"], 3, run_seed=2, iteration=4)
+    assert not {s.seed for s in specs} & {s.seed for s in other}
+
+
+@pytest.mark.unit
+def test_action_strips_think_and_truncates():
+    assert to_action("<think>I guess 3</think>\n 5 ", 100) == "5"
+    assert to_action("<think>never closed 7", 100) == ""
+    assert to_action("abcdef", 3) == "abc"
+
+
+@pytest.mark.integration
+def test_tokens_align_with_the_rendered_chat_and_the_hint_stays_out(hf):
+    envs = _envs(GUESS)
+    calls = hf.calls
+    rows, stats, pool = _play(hf, envs, k=2, max_turns=3, max_new_tokens=12)
+    tok = hf.tokenizer
+    # one generate call per turn for all active episodes
+    assert len(rows) == 4 and hf.calls - calls == stats.ticks == max(len(r.turns) for r in rows)
+    assert sorted((r.pair, r.hinted) for r in rows) == [(0, False), (0, True), (1, False), (1, True)]
+    for r in rows:
+        t = r.tokens
+        assert len(t["completion_ids"]) == len(t["env_mask"]) == len(t["logprobs"])
+        full = tok.decode(t["prompt_ids"] + t["completion_ids"], skip_special_tokens=False)
+        assert full == tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=False)
+        assert t["prompt_ids"] == tok.apply_chat_template(r.messages[:2], tokenize=True,
+                                                          add_generation_prompt=True)["input_ids"]
+        assert all((lp is None) == (m == 0) for lp, m in zip(t["logprobs"], t["env_mask"], strict=True))
+        agent = [i for i, m in zip(t["completion_ids"], t["env_mask"], strict=True) if m]
+        assert r.extra["agent_tokens"] == len(agent) > 0
+        # every agent segment decodes to an assistant message (plus its EOS when it stopped)
+        replies = "".join(m["content"] for m in r.messages if m["role"] == "assistant")
+        assert tok.decode(agent, skip_special_tokens=True) == tok.decode(tok.encode(replies), skip_special_tokens=True)
+        # env tokens hold the observations that were fed back
+        env_text = tok.decode([i for i, m in zip(t["completion_ids"], t["env_mask"], strict=True) if not m])
+        for turn in r.turns[:-1]:
+            assert turn["observation"] in env_text
+        assert r.error is None and (r.terminated or (r.truncated and len(r.turns) == 3))
+        assert r.return_ == sum(t["reward"] for t in r.turns)
+        assert (HINT in full) is r.hinted and (HINT in str(r.messages)) is r.hinted
+    seeds = {(r.pair, r.hinted): r.seed for r in rows}
+    assert seeds[(0, False)] == seeds[(0, True)] != seeds[(1, False)] == seeds[(1, True)]
+    # the same seed gives the same first observation with and without the hint
+    first = {(r.pair, r.hinted): r.messages[1]["content"] for r in rows}
+    assert first[(0, False)] == first[(0, True)] and first[(1, False)] == first[(1, True)]
+
+
+@pytest.mark.integration
+def test_context_budget_truncates_and_is_never_exceeded(hf):
+    envs = _envs(GUESS)
+    probe, _, _ = _play(hf, envs, k=1, max_turns=1, max_new_tokens=4)
+    budget = max(len(r.tokens["prompt_ids"]) for r in probe) + 40
+    rows, _, _ = _play(hf, envs, k=1, max_turns=50, max_new_tokens=16, max_episode_tokens=budget)
+    tight, _, _ = _play(hf, envs, k=1, max_episode_tokens=budget - 45)  # the hinted prompt alone is too long
+    hinted = next(r for r in tight if r.hinted)
+    assert hinted.turns == [] and hinted.tokens["completion_ids"] == [] and hinted.truncated
+    for r in rows:
+        n = len(r.tokens["prompt_ids"]) + len(r.tokens["completion_ids"])
+        assert n <= budget + 2  # + the closing env tokens of the last reply
+        assert r.truncated and r.extra["stop"] == "max_episode_tokens" and len(r.turns) < 50
+
+
+@pytest.mark.integration
+def test_crash_at_turn_two_ends_the_episode_and_quarantines_the_env(hf):
+    envs = _envs(GUESS, CRASHER, RAISER)
+    rows, stats, pool = _play(hf, envs, k=3, max_turns=4, quarantine_after=3, error_return=-0.5)
+    by_env = {e: [r for r in rows if r.env_id == e] for e in envs}
+    assert len(rows) == 18
+    good, crash, raiser = (by_env[env_id_for(c, HINT)] for c in (GUESS, CRASHER, RAISER))
+    assert all(r.error is None and 0 <= r.return_ <= 1 for r in good)
+    assert all(r.error == "crashed" and r.return_ == -0.5 for r in crash)
+    assert all(len(r.turns) == 1 for r in crash if r.extra["stop"] == "error")  # turn 1 ok, died at 2
+    assert all(r.error == "step_exception" for r in raiser)
+    assert set(stats.quarantined) == {env_id_for(CRASHER, HINT), env_id_for(RAISER, HINT)}
+    assert stats.errors["crashed"] == 6
+
+
+@pytest.mark.integration
+def test_a_dying_worker_is_replaced_and_its_other_episodes_replayed(tiny_model):
+    from spade_cli.backends.fake import FakeBackend
+
+    envs = _envs(BOOM)
+    # tick 1: episode 0 says boom (kills the shared worker), episode 1 says 4; then plain guesses
+    backend = FakeBackend(str(tiny_model), outputs=["boom", "4", "5", "6", "7", "8"])
+    rows, stats, pool = _play(backend, envs, k=1, max_turns=3, quarantine_after=3)
+    assert len(pool.opened) == 2  # the replacement worker
+    dead, alive = sorted(rows, key=lambda r: r.error is None)
+    assert dead.error == "crashed" and dead.turns == []
+    assert alive.error is None and [t["action"] for t in alive.turns][:1] == ["4"]
+    assert len(alive.turns) >= 2 and not stats.quarantined
+    # the replay reset the survivor on the new worker with its own seed
+    assert pool.resets.count((alive.episode_id, alive.seed)) == 2
