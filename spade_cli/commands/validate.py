@@ -1,0 +1,67 @@
+"""`spade validate`: run every designed environment in the sandbox and record a verdict per row."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, OutFileOpt, SeedOpt, command, console, finish
+
+TierOpt = Annotated[str, typer.Option("--tier", help="Sandbox tier: auto (strong when bubblewrap works), "
+                                      "process or strong.")]
+MinTierOpt = Annotated[str, typer.Option("--min-tier", help="Refuse to run below this tier (fail closed).")]
+
+
+def validate(
+    ctx: typer.Context,
+    designs: Annotated[list[str], typer.Option("--designs", help="spade.design/1 JSONL files or globs.")],
+    out: OutFileOpt,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Designs checked in parallel.")] = 2,
+    tier: TierOpt = "auto",
+    min_tier: MinTierOpt = "process",
+    memory: Annotated[Path | None, typer.Option("--memory", help="spade.memory/1 JSONL: known envs are "
+                                                "flagged `duplicate`.", dir_okay=False)] = None,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Steps per validation episode.")] = 16,
+    trivial_return: Annotated[float, typer.Option("--trivial-return", help="A degenerate or random policy "
+                                                  "reaching this return makes the env `trivial`.")] = 0.8,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Check each design in a confined process: static checks, import, the reset/step contract on
+    scripted, degenerate and random policies, return range, determinism (also under another
+    PYTHONHASHSEED), hint leak, missing hint, triviality and duplicates. One spade.validation/1 row
+    per input row; the first failed check is its `reason`.
+
+    Example: [bold]spade validate --designs designs.jsonl --out validated.jsonl --workers 2[/]
+    """
+    from spade_cli.cli import resolved_config
+    from stages import validate as stage
+
+    if tier not in ("auto", "process", "strong"):
+        raise typer.BadParameter("choose auto, process or strong", param_hint="--tier")
+    if min_tier not in ("process", "strong"):
+        raise typer.BadParameter("choose process or strong", param_hint="--min-tier")
+    last = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:
+        if done == total or time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            console.print(f"validated {done}/{total}")
+
+    summary = stage.run(designs, out, memory=memory, workers=workers, tier=tier, min_tier=min_tier,
+                        max_steps=max_steps, seed=seed, trivial_return=trivial_return, force=force,
+                        config=resolved_config(ctx), progress=progress)
+    for w in summary.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {w}")
+    if summary.get("status") == "ok":
+        console.print(f"[green]{summary['valid']}/{summary['rows']} valid[/] ({summary['tier']} tier); "
+                      f"invalid: {summary['invalid'] or 'none'}")
+    finish(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate", rich_help_panel=PANEL_LOOP)(command(validate))

@@ -1,0 +1,293 @@
+"""`spade validate`: judge every designed environment in the sandbox, with a reason when it fails.
+
+Input: ``spade.design/1`` rows (the minimal form ``{"schema", "code", "hint"}`` is enough).
+Output: exactly one ``spade.validation/1`` row per input row, in input order, carrying every
+design field plus ``valid``, ``reason`` (a DESIGN §5 code or null), ``checks`` (each
+``{name, ok, detail, ms}`` in the order run; the first failure is the reason) and ``stats``.
+
+The checks, in order:
+
+1. ``code``, ``size``, ``syntax``, ``env_class`` — static, no process started (``no_code``,
+   ``too_large``, ``syntax_error``, ``no_env_class``).
+2. ``import`` — the source runs in its own confined process (``import_error``, ``import_timeout``,
+   ``no_env_class`` when not exactly one ``gymnasium.Env`` subclass is defined, ``output_flood``).
+3. ``gym_check_env`` — gymnasium's own checker when the env declares its spaces; advisory, its
+   warnings land in ``stats.warnings``.
+4. ``contract`` — episodes under a scripted policy, two degenerate ones (empty text, a fixed
+   string) and random text; every reset/step result is checked (types, arity, finite real reward,
+   bool flags, JSON-safe info, bounded observation, deadlines).
+5. ``return_range`` — every episode's return lies in [0, 1].
+6. ``determinism`` — the scripted episode again in the same process, and once more in a process
+   started with another ``PYTHONHASHSEED``; any difference is ``nondeterministic``.
+7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
+   ``trivial_return``), ``duplicate`` (env_id already in ``--memory``, or the same normalized code
+   as an earlier row of this input; the first one wins).
+
+Example::
+
+    summary = run("designs.jsonl", "validated.jsonl", workers=2)
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
+from spade_cli.records import Design, env_id_for, to_row, validation_from
+from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
+
+SCRIPTED = ["", "1", "yes", "look", "0", "a", "hello world", "2", "no",
+            '{"tool": "search", "arguments": {"query": "x"}}', "north", "42", "help", "b", "3", "quit"]
+FIXED = "1"
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+class Checks:
+    """The ``checks`` list of one row; ``fail`` records the reason and stops the run."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self.reason: str | None = None
+
+    def add(self, name: str, ok: bool, detail: str, t0: float, reason: str | None = None) -> bool:
+        self.items.append({"name": name, "ok": ok, "detail": detail[:500],
+                           "ms": round((time.perf_counter() - t0) * 1000, 3)})
+        if not ok and self.reason is None:
+            self.reason = reason
+        return ok
+
+
+def static_checks(code: object, max_chars: int, ch: Checks) -> bool:
+    t0 = time.perf_counter()
+    if not isinstance(code, str) or not code.strip():
+        return ch.add("code", False, "the design has no code", t0, "no_code")
+    ch.add("code", True, f"{len(code)} characters", t0)
+    t0 = time.perf_counter()
+    if len(code) > max_chars:
+        return ch.add("size", False, f"{len(code)} characters (cap {max_chars})", t0, "too_large")
+    ch.add("size", True, f"<= {max_chars}", t0)
+    t0 = time.perf_counter()
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
+        return ch.add("syntax", False, f"{type(exc).__name__}: {exc}", t0, "syntax_error")
+    ch.add("syntax", True, "parses", t0)
+    t0 = time.perf_counter()
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    envish = [c.name for c in classes if any(
+        (isinstance(b, ast.Name) and b.id.endswith("Env")) or (isinstance(b, ast.Attribute) and b.attr == "Env")
+        for b in c.bases) or any(isinstance(f, ast.FunctionDef) and f.name == "step" for f in c.body)]
+    if not envish:
+        return ch.add("env_class", False, "no class derives from gymnasium.Env or defines step()", t0,
+                      "no_env_class")
+    return ch.add("env_class", True, ", ".join(envish), t0)
+
+
+def play(worker, episode: str, seed: int, policy: Callable[[int], str], max_steps: int) -> dict:
+    """One episode; returns its observations, rewards and a digest of everything the env said."""
+    obs, info = worker.reset(episode, seed)
+    observations, rewards, trace = [obs], [], [obs, info]
+    terminated = truncated = False
+    times = []
+    for t in range(max_steps):
+        t0 = time.perf_counter()
+        obs, reward, terminated, truncated, info = worker.step(episode, policy(t))
+        times.append(time.perf_counter() - t0)
+        observations.append(obs)
+        rewards.append(reward)
+        trace += [obs, reward, terminated, truncated, info]
+        if terminated or truncated:
+            break
+    worker.close_episode(episode)
+    digest = hashlib.sha256(json.dumps(trace, sort_keys=True, default=str).encode()).hexdigest()
+    return {"obs": observations, "return": sum(rewards), "steps": len(rewards), "done": terminated or truncated,
+            "digest": digest, "times": times}
+
+
+def _random_policy(seed: int) -> Callable[[int], str]:
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 "
+    return lambda t: "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))).strip()
+
+
+def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: int,
+                    trivial_return: float, duplicate_of: str | None) -> dict:
+    """All checks for one design -> the fields of its validation row."""
+    ch = Checks()
+    stats: dict = {"warnings": []}
+    if design.parse_error and not design.code:
+        ch.add("code", False, f"parse error: {design.parse_error}", time.perf_counter(), "no_code")
+        return {"valid": False, "reason": "no_code", "checks": ch.items, "stats": stats}
+    if not static_checks(design.code, pool.config.max_code_chars, ch):
+        return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+    workers = []
+    try:
+        t0 = time.perf_counter()
+        try:
+            worker = pool.open(design.code, design.env_id, hash_seed=0)
+            workers.append(worker)
+        except EnvError as err:
+            ch.add("import", False, err.detail, t0, err.reason)
+            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+        ch.add("import", True, f"class {worker.class_name}", t0)
+
+        t0 = time.perf_counter()
+        try:
+            res = worker.check_env()
+            stats["warnings"] += [f"gymnasium check_env: {w}" for w in res.get("warnings", [])]
+            if res.get("error"):
+                stats["warnings"].append(f"gymnasium check_env: {res['error']}")
+            ch.add("gym_check_env", True, res.get("skipped") or res.get("error") or "passed", t0)
+        except EnvError as err:  # advisory, unless it killed the process
+            stats["warnings"].append(f"gymnasium check_env: {err.reason}: {err.detail}")
+            ch.add("gym_check_env", True, f"advisory: {err.reason}", t0)
+            if not worker.alive:
+                worker = pool.open(design.code, design.env_id, hash_seed=0)
+                workers.append(worker)
+
+        t0 = time.perf_counter()
+        policies = {"scripted": lambda t: SCRIPTED[t % len(SCRIPTED)], "empty": lambda t: "",
+                    "fixed": lambda t: FIXED, "random": _random_policy(seed + 3)}
+        episodes: dict[str, dict] = {}
+        try:
+            for i, (name, policy) in enumerate(policies.items()):
+                episodes[name] = play(worker, name, seed + i, policy, max_steps)
+            episodes["scripted_again"] = play(worker, "scripted_again", seed, policies["scripted"], max_steps)
+        except EnvError as err:
+            ch.add("contract", False, err.detail, t0, err.reason)
+            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+        steps = sum(e["steps"] for e in episodes.values())
+        times = [x for e in episodes.values() for x in e["times"]]
+        stats.update({"steps": steps, "returns": {k: round(v["return"], 6) for k, v in episodes.items()},
+                      "step_ms_p50": round(statistics.median(times) * 1000, 4) if times else None})
+        if not episodes["scripted"]["done"]:
+            stats["warnings"].append(f"no termination within {max_steps} steps of the scripted policy")
+        ch.add("contract", True, f"{len(episodes)} episodes, {steps} steps", t0)
+
+        t0 = time.perf_counter()
+        bad = {k: e["return"] for k, e in episodes.items() if not -1e-6 <= e["return"] <= 1 + 1e-6}
+        if not ch.add("return_range", not bad, f"returns outside [0, 1]: {bad}" if bad else "all in [0, 1]",
+                      t0, "return_out_of_range"):
+            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+
+        t0 = time.perf_counter()
+        if episodes["scripted"]["digest"] != episodes["scripted_again"]["digest"]:
+            ch.add("determinism", False, "same seed and actions gave different results in one process", t0,
+                   "nondeterministic")
+            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+        try:
+            other = pool.open(design.code, design.env_id, hash_seed=1)
+            workers.append(other)
+            again = play(other, "scripted", seed, policies["scripted"], max_steps)
+        except EnvError as err:
+            ch.add("determinism", False, f"in a second process: {err.reason}: {err.detail}", t0,
+                   "nondeterministic")
+            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+        if again["digest"] != episodes["scripted"]["digest"]:
+            ch.add("determinism", False, "a process with another PYTHONHASHSEED gave different results", t0,
+                   "nondeterministic")
+            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+        ch.add("determinism", True, "same process and another PYTHONHASHSEED agree", t0)
+    finally:
+        for w in workers:
+            w.close()
+
+    t0 = time.perf_counter()
+    hint = _normalize(design.hint or "")
+    leaked = [k for k, e in episodes.items() if len(hint) >= 4 and any(hint in _normalize(o) for o in e["obs"])]
+    ch.add("hint_leak", not leaked, f"hint text appears in observations of: {', '.join(leaked)}" if leaked
+           else "hint never observed", t0, "hint_leak")
+    t0 = time.perf_counter()
+    ch.add("no_hint", bool(hint), "has a hint" if hint else "the design has no hint", t0, "no_hint")
+    t0 = time.perf_counter()
+    easy = {k: episodes[k]["return"] for k in ("empty", "fixed", "random")
+            if episodes[k]["return"] >= trivial_return}
+    ch.add("trivial", not easy, f"degenerate policies reach a high return: {easy}" if easy
+           else f"degenerate and random returns < {trivial_return}", t0, "trivial")
+    t0 = time.perf_counter()
+    ch.add("duplicate", duplicate_of is None, duplicate_of or "new", t0, "duplicate")
+    return {"valid": ch.reason is None, "reason": ch.reason, "checks": ch.items, "stats": stats}
+
+
+def _duplicates(designs: list[Design], memory_ids: set[str]) -> list[str | None]:
+    seen: dict[str, int] = {}
+    out: list[str | None] = []
+    for i, d in enumerate(designs):
+        if d.env_id in memory_ids:
+            out.append(f"env_id {d.env_id} is already in memory")
+            continue
+        key = env_id_for(d.code, "") if d.code else None
+        if key is not None and key in seen:
+            out.append(f"same normalized code as input row {seen[key] + 1}")
+            continue
+        if key is not None:
+            seen[key] = i
+        out.append(None)
+    return out
+
+
+def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | None = None, workers: int = 2,
+        tier: str = "auto", min_tier: str = "process", max_steps: int = 16, seed: int = 0,
+        trivial_return: float = 0.8, sandbox: SandboxConfig | None = None, force: bool = False,
+        config: dict | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Validate every design in ``designs`` into ``out``; returns the summary dict."""
+    cfg = dict(config or {"memory": str(memory) if memory else None, "tier": tier, "min_tier": min_tier,
+                          "max_steps": max_steps, "seed": seed, "trivial_return": trivial_return})
+    inputs = {"designs": expand_inputs(designs)}
+    if memory:
+        inputs["memory"] = expand_inputs(memory)
+    stage = Stage.begin("validate", out, cfg, inputs, force=force)
+    if stage.check():
+        return {"status": "up to date", "out": str(out)}
+    rows = [rec for _, _, rec in read_rows(inputs["designs"], ("spade.design", "spade.validation"))]
+    memory_ids = {rec.env_id for _, _, rec in read_rows(inputs["memory"], "spade.memory")} if memory else set()
+    dups = _duplicates(rows, memory_ids)
+    done = stage.resume()
+    if len(done) > len(rows):
+        raise SpadeError(f"{stage.partial} has more rows than the input; pass --force")
+    sb = sandbox or SandboxConfig()
+    sb.tier, sb.min_tier = tier, min_tier
+    t_start = time.perf_counter()
+    try:
+        pool = SandboxPool(sb)
+    except SandboxUnavailable as exc:
+        raise SpadeError(str(exc)) from None
+    counts = Counter(r.get("reason") for r in done)
+
+    def one(i: int) -> dict:
+        fields = validate_design(rows[i], pool, max_steps=max_steps, seed=seed, trivial_return=trivial_return,
+                                 duplicate_of=dups[i])
+        return to_row(validation_from(rows[i], **fields))
+
+    todo = range(len(done), len(rows))
+    try:
+        with pool, stage.writer() as writer, ThreadPoolExecutor(max(1, workers)) as ex:
+            for n, row in enumerate(ex.map(one, todo), 1):  # map keeps input order: the partial is a prefix
+                writer.write(row)
+                counts[row["reason"]] += 1
+                if progress:
+                    progress(len(done) + n, len(rows))
+    except SandboxUnavailable as exc:
+        raise SpadeError(f"sandbox failure (not an env verdict): {exc}") from None
+    elapsed = time.perf_counter() - t_start
+    stage.warnings = list(pool.warnings)
+    stage.extra = {"sandbox": pool.describe()}
+    stage.timings["validate_s"] = round(elapsed, 3)
+    summary = {"status": "ok", "out": str(out), "rows": len(rows), "valid": counts.pop(None, 0),
+               "invalid": dict(sorted(counts.items())), "resumed": len(done),
+               "envs_per_s": round(len(todo) / elapsed, 2) if todo and elapsed > 0 else None,
+               "tier": pool.tier, "warnings": pool.warnings}
+    stage.commit(len(rows), summary)
+    return summary
