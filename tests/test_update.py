@@ -1,0 +1,236 @@
+"""`spade update` on the tiny model: learning direction, env-token masking, both roles, the real CLI.
+
+Fixture artifacts are built by hand with the tiny model's tokenizer, in the shapes DESIGN §3 gives
+(rollout, validation and score rows); sampler log-probs are the tiny model's own, so the
+importance ratio starts at 1 as it would for fresh on-policy samples.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_spade
+
+ENV_TEXT = "<|im_end|>\n<|im_start|>user\nobservation: the door is {}<|im_end|>\n<|im_start|>assistant\n"
+GOOD, BAD = "open the door now", "sit and wait"
+
+
+def _logps(model, prompt: list[int], completion: list[int]) -> list[float]:
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def make_artifacts(root: Path, model_dir: Path, envs: int = 2, k: int = 4) -> dict[str, Path]:
+    """Episodes (GOOD actions earn 1, BAD earn 0), designs in groups of three, and their scores."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from spade_cli.backends import render_chat
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rollouts, designs, scores = [], [], []
+    for e in range(envs):
+        env_id = f"env{e:02d}"
+        for hinted in (False, True):
+            for i in range(k):
+                good = i % 2 == 0
+                msgs = [{"role": "user", "content": f"Play environment {e}." + (" Hint: open it." if hinted else "")}]
+                prompt = render_chat(tok, msgs)
+                act = enc(GOOD if good else BAD)
+                env = enc(ENV_TEXT.format("open" if good else "shut"))
+                completion = act + env + act + [tok.eos_token_id]
+                mask = [1] * len(act) + [0] * len(env) + [1] * (len(act) + 1)
+                lps = _logps(model, prompt, completion)
+                lps = [lp if m else None for lp, m in zip(lps, mask, strict=True)]
+                rollouts.append({
+                    "schema": "spade.rollout/1", "episode_id": f"{env_id}-{int(hinted)}-{i}", "env_id": env_id,
+                    "iteration": 0, "hinted": hinted, "seed": i, "pair": i, "messages": msgs, "turns": [],
+                    "return": 1.0 if good else 0.0, "terminated": True, "truncated": False, "error": None,
+                    "tokens": {"prompt_ids": prompt, "completion_ids": completion, "env_mask": mask,
+                               "logprobs": lps}})
+        scores.append({"schema": "spade.score/1", "env_id": env_id, "iteration": 0, "signal": "regret",
+                       "hinted_mean": 0.5, "unhinted_mean": 0.5, "hinted_n": k, "unhinted_n": k,
+                       "regret": 0.1 * (e + 1), "regret_ci95": 0.1, "designer_reward": 0.1 * (e + 1)})
+    # An episode the sandbox cut short: left out of training whatever its return.
+    errored = dict(rollouts[0], episode_id="env00-err", error="step_timeout", turns=[], **{"return": 1.0})
+    rollouts.append(errored)
+    for g in range(2):
+        msgs = [{"role": "user", "content": f"Design an environment about document {g}."}]
+        prompt = render_chat(tok, msgs)
+        for s in range(3):
+            env_id = f"env{s:02d}" if s < envs else "unscored"
+            text = f"class Env{s}: pass  # design {g}.{s}"
+            completion = enc(text) + [tok.eos_token_id]
+            designs.append({
+                "schema": "spade.validation/1", "env_id": env_id, "iteration": 0, "group_id": f"g{g}", "sample": s,
+                "messages": msgs, "completion": text, "code": None if s == 2 else text, "hint": "open it",
+                "tokens": {"prompt_ids": prompt, "completion_ids": completion,
+                           "logprobs": _logps(model, prompt, completion)},
+                "valid": s != 2, "reason": None if s != 2 else "no_code"})
+    paths = {}
+    for name, rows in (("rollouts", rollouts), ("validated", designs), ("scores", scores)):
+        paths[name] = root / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths
+
+
+def _config(paths: dict[str, Path], model: Path, out: Path, **kw: object):
+    from stages.update import UpdateConfig
+
+    base = dict(model=str(model), designs=[str(paths["validated"])], rollouts=[str(paths["rollouts"])],
+                scores=[str(paths["scores"])], out=str(out), learning_rate=1e-3, per_device_train_batch_size=4,
+                max_grad_norm=0.0)
+    return UpdateConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_artifacts(tmp_path_factory.mktemp("update_inputs"), tiny_model)
+
+
+def _params(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _changed(a: dict, b: dict) -> float:
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.mark.integration
+def test_fresh_samples_have_ratio_one(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """With no parameter change the training log-probs equal the stored sampler ones: padding,
+    position ids and temperature line up, so nothing is clipped."""
+    from stages import update
+
+    update.run(_config(artifacts, tiny_model, tmp_path / "ck", learning_rate=0.0))
+    report = json.loads((tmp_path / "ck" / "update.json").read_text())
+    assert report["metrics"]["clip_ratio"] == {"low": 0.0, "high": 0.0, "region": 0.0}
+    assert report["counts"]["agent"]["skipped_error"] == 1
+    assert report["counts"]["designer"]["invalid"] == 2
+    assert _changed(_params(tiny_model), _params(tmp_path / "ck")) == 0.0
+
+
+@pytest.mark.integration
+def test_learning_direction(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """After an update, episodes with positive advantage gain log-probability relative to negative ones."""
+    from transformers import AutoModelForCausalLM
+
+    from spade_cli.records import parse
+    from stages import update
+
+    update.run(_config(artifacts, tiny_model, tmp_path / "ck", designs=[], scores=[], num_iterations=2))
+    before = AutoModelForCausalLM.from_pretrained(tiny_model)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "ck")
+    gain = {True: [], False: []}
+    for line in artifacts["rollouts"].read_text().splitlines():
+        ep = parse(json.loads(line))
+        if ep.hinted or ep.error:
+            continue
+        t = ep.tokens
+        sums = []
+        for m in (before, after):
+            lps = _logps(m, t["prompt_ids"], t["completion_ids"])
+            sums.append(sum(lp for lp, keep in zip(lps, t["env_mask"], strict=True) if keep))
+        gain[ep.return_ > 0].append(sums[1] - sums[0])
+    good, bad = sum(gain[True]) / len(gain[True]), sum(gain[False]) / len(gain[False])
+    assert good > 0 > bad, (good, bad)
+
+
+@pytest.mark.integration
+def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path) -> None:
+    import torch
+
+    from spade_cli import grpo
+    from stages import update
+
+    cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", designs=[], scores=[])
+    samples, _ = update.collect_samples(cfg)
+    accelerator, model, _, _, tok = update._prepare(cfg)
+    mb = update._collate(samples[:4], samples[0], tok.pad_token_id, accelerator.device)
+    logps, _ = update._logps(model, mb)
+    logps.retain_grad()
+    ptl, _, _ = grpo.per_token_loss(logps, mb["old"], mb["adv"], mb["mask"])
+    grpo.aggregate(ptl, mb["mask"], "dapo").backward()
+    env = (mb["mask"] == 0) & (torch.arange(logps.size(1))[None, :] < torch.tensor(
+        [len(s.completion_ids) for s in samples[:4]])[:, None])
+    assert env.sum() > 0
+    assert torch.all(logps.grad[env] == 0)
+    assert torch.all(logps.grad[mb["mask"] > 0] != 0)
+
+
+@pytest.mark.integration
+def test_both_roles_contribute(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """Each role alone moves the weights; with both weights at zero nothing moves."""
+    from stages import update
+
+    base = _params(tiny_model)
+    moved = {}
+    for name, aw, dw in (("agent", 1.0, 0.0), ("designer", 0.0, 1.0), ("none", 0.0, 0.0)):
+        update.run(_config(artifacts, tiny_model, tmp_path / name, agent_weight=aw, designer_weight=dw))
+        moved[name] = _changed(base, _params(tmp_path / name))
+    assert moved["agent"] > 1e-5 and moved["designer"] > 1e-5
+    assert moved["none"] == 0.0
+
+
+@pytest.mark.integration
+def test_bad_row_names_file_and_line(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    from spade_cli.artifacts import InputError
+    from stages import update
+
+    rows = artifacts["rollouts"].read_text().splitlines()
+    bad = json.loads(rows[2])
+    bad["tokens"]["env_mask"] = bad["tokens"]["env_mask"][:-1]
+    rows[2] = json.dumps(bad)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError, match=r"bad.jsonl:3: tokens.env_mask"):
+        update.run(_config(artifacts, tiny_model, tmp_path / "ck", rollouts=[str(path)]))
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.integration
+def test_cli_end_to_end(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """The real command: a loadable checkpoint, update.json, manifest, then an up-to-date rerun
+    and a refused rerun with another config."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "iter_0001"
+    args = ["update", "--model", tiny_model, "--designs", artifacts["validated"], "--rollouts",
+            f"{artifacts['rollouts'].parent}/rollouts*.jsonl", "--scores", artifacts["scores"], "--out", out,
+            "--loss-type", "grpo", "--learning-rate", "1e-3", "--per-device-train-batch-size", "4",
+            "--gradient-accumulation-steps", "2", "--agent-episodes", "both", "--beta", "0.04"]
+    res = run_spade(*args)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "ok" and summary["agent_samples"] == 16 and summary["designer_samples"] == 6
+    report = json.loads((out / "update.json").read_text())
+    m = report["metrics"]
+    assert m["kl"] is not None and m["kl"] >= 0 and m["grad_norm"]["max"] > 0 and m["optimizer_steps"] == 3
+    assert report["roles"]["agent"]["tokens"]["env_masked"] > 0
+    assert report["roles"]["designer"]["advantage"]["n"] == 6
+    assert (tmp_path / "iter_0001.manifest.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template and model.config.vocab_size == len(tok)
+
+    again = run_spade(*args)
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "up to date"
+    other = run_spade(*args[:-2], "--beta", "0.0")
+    assert other.returncode == 1 and "beta" in other.stderr and "--force" in other.stderr
+
+
+@pytest.mark.integration
+def test_cli_usage_errors_exit_2(tiny_model: Path, tmp_path: Path) -> None:
+    res = run_spade("update", "--model", tiny_model, "--rollouts", "x.jsonl", "--out", tmp_path / "o",
+                    "--loss-type", "ppo")
+    assert res.returncode == 2 and "--loss-type" in res.stderr
