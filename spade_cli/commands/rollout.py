@@ -1,0 +1,147 @@
+"""`spade rollout`: the thin command over ``stages.rollout.run`` (options, progress, summary)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from spade_cli.cli import (
+    PANEL_LOOP,
+    BackendOpt,
+    BaseUrlOpt,
+    ConfigOpt,
+    ForceOpt,
+    IterationOpt,
+    ModelOpt,
+    OutFileOpt,
+    SeedOpt,
+    command,
+    console,
+    finish,
+)
+
+GEN = "Generation"
+PLAY = "Episodes"
+
+
+class Progress:
+    """A rich bar on a TTY; otherwise a log line every ``log_every`` finished episodes."""
+
+    def __init__(self, log_every: int) -> None:
+        self.log_every, self.last_logged, self.bar, self.task = max(1, log_every), 0, None, None
+
+    def __call__(self, stats: Any) -> None:
+        elapsed = time.perf_counter() - stats.started
+        tps = stats.gen_tokens / stats.gen_s if stats.gen_s else 0.0
+        step_ms = 1000 * stats.env_s / stats.env_steps if stats.env_steps else 0.0
+        info = f"turns {stats.turns}  gen {tps:,.0f} tok/s  env step {step_ms:.2f} ms"
+        if console.is_terminal:
+            if self.bar is None:
+                from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+                from rich.progress import Progress as Bar
+
+                self.bar = Bar(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
+                self.bar.start()
+                self.task = self.bar.add_task("rollout", total=stats.total, info="")
+            self.bar.update(self.task, completed=stats.done, info=info)
+        elif stats.done - self.last_logged >= self.log_every or (stats.done == stats.total
+                                                                 and self.last_logged < stats.done):
+            self.last_logged = stats.done
+            console.print(f"rollout: {stats.done}/{stats.total} episodes  {info}  {elapsed:.0f}s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def rollout(
+    model: ModelOpt,
+    envs: Annotated[list[str], typer.Option("--envs", help="Validated designs (JSONL); repeat, comma-separate or "
+                                            "glob for several files, e.g. a replay file.")],
+    out: OutFileOpt,
+    k: Annotated[int, typer.Option("--k", min=1, help="Seed pairs per env: k unhinted + k hinted episodes.")] = 8,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap; reaching it truncates.",
+                                           rich_help_panel=PLAY)] = 16,
+    max_episode_tokens: Annotated[int, typer.Option(
+        "--max-episode-tokens", min=16, help="Context budget: prompt + all later tokens of an episode.",
+        rich_help_panel=PLAY)] = 8192,
+    max_action_chars: Annotated[int, typer.Option(
+        "--max-action-chars", min=1, help="Cut the action sent to step to this many characters.",
+        rich_help_panel=PLAY)] = 2000,
+    error_return: Annotated[float, typer.Option(
+        "--error-return", help="Return recorded for an episode that ends with an env error.",
+        rich_help_panel=PLAY)] = 0.0,
+    quarantine_after: Annotated[int, typer.Option(
+        "--quarantine-after", min=1, help="Errors after which an env's remaining episodes are not played.",
+        rich_help_panel=PLAY)] = 3,
+    shard: Annotated[str | None, typer.Option("--shard", help="I/N: play only shard I of N (by env_id).")]
+    = None,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, rich_help_panel=GEN)] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=GEN)] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Token cap of one reply.",
+                                                rich_help_panel=GEN)] = 512,
+    enable_thinking: Annotated[bool, typer.Option(
+        "--enable-thinking/--no-enable-thinking", help="Let the agent think (<think> block) before acting.",
+        rich_help_panel=GEN)] = True,
+    max_concurrent: Annotated[int, typer.Option(
+        "--max-concurrent", min=1, help="Episodes in flight (the generate batch).", rich_help_panel=GEN)] = 256,
+    dtype: Annotated[str, typer.Option("--dtype", help="hf backend weights dtype.", rich_help_panel=GEN)]
+    = "float32",
+    tier: Annotated[str, typer.Option("--tier", help="Sandbox tier: auto, process or strong.")] = "auto",
+    min_tier: Annotated[str, typer.Option("--min-tier", help="Fail closed below this tier (process or strong).")]
+    = "process",
+    env_threads: Annotated[int, typer.Option("--env-threads", min=1, help="Threads stepping sandbox workers.")]
+    = 8,
+    iteration: IterationOpt = 0,
+    seed: SeedOpt = 0,
+    log_every: Annotated[int, typer.Option("--log-every", min=1, help="Log line every N episodes (no TTY).")]
+    = 50,
+    force: ForceOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Play each valid environment k times without and k times with its hint, on the same seeds.
+
+    All active episodes take a turn together (one batched generate call per turn); env steps run
+    in sandboxed workers. A rerun after a crash plays only the missing episodes.
+
+    Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 4 --out rollouts.jsonl[/]
+    """
+    from spade_cli.episodes import PlayConfig
+    from stages import rollout as stage
+
+    for name, value, allowed in (("--tier", tier, ("auto", "process", "strong")),
+                                 ("--min-tier", min_tier, ("process", "strong"))):
+        if value not in allowed:
+            raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
+    try:
+        stage.parse_shard(shard)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--shard") from None
+    play = PlayConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
+                      max_action_chars=max_action_chars, temperature=temperature, top_p=top_p,
+                      enable_thinking=enable_thinking, error_return=error_return,
+                      quarantine_after=quarantine_after, max_concurrent=max_concurrent,
+                      env_threads=env_threads, seed=seed)
+    progress = Progress(log_every)
+    try:
+        summary = stage.run(model, envs, Path(out), k, iteration=iteration, seed=seed, backend=backend,
+                            base_url=base_url, shard=shard, play=play, tier=tier,
+                            min_tier=min_tier, force=force,
+                            progress=progress, backend_kwargs={"dtype": dtype} if backend == "hf" else None)
+    finally:
+        progress.close()
+    if summary.get("status") == "ok":
+        console.print(f"[green]wrote[/] {summary['out']}: {summary['episodes']} episodes of {summary['envs']} envs "
+                      f"(played {summary['played']}, resumed {summary['resumed']}), returns unhinted "
+                      f"{summary['unhinted_mean']} hinted {summary['hinted_mean']}, errors {summary['errors']}")
+    finish(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rollout", rich_help_panel=PANEL_LOOP)(command(rollout))

@@ -1,0 +1,188 @@
+"""`spade rollout`: play every valid environment k times without the hint and k times with it.
+
+Input: ``spade.validation/1`` rows (one or more files or globs: this iteration's validated
+designs plus, for instance, a replay file of earlier environments). Only ``valid`` rows are
+played; an env that appears twice (same ``env_id``) is played once. Output: one
+``spade.rollout/1`` row per episode (DESIGN §3), written as episodes finish.
+
+Common random numbers: the k pairs of an env use k env seeds derived from (run seed, iteration,
+env_id, pair), and the hinted and the unhinted episode of a pair share the seed, so the
+hint-regret estimate measures the hint rather than the luck of the seed. ``episode_id`` comes from
+the same tuple plus the hinted flag, so a rerun after ``kill -9`` finds the episodes already in
+the partial output by id and plays only the missing ones.
+
+``--shard I/N`` keeps the envs whose ``sha256(env_id) mod N == I``: every episode of an env lives
+in one shard, so each Slurm array task writes a complete file of its own
+(``rollouts.shard-II-of-NN.jsonl`` in a run directory, see ``spade paths``) and downstream stages
+read them all with a glob.
+
+What it simplifies compared with the paper: episodes advance in lockstep (one batched generate
+call per turn for all active episodes) for every backend; the paper's system may overlap env
+steps with generation. Env steps cost microseconds against the model's seconds, so the
+difference is small (``recipes/bench_rollout.py`` measures it).
+
+    rows = run(model="ckpt/tiny", envs=["validated.jsonl"], out="rollouts.jsonl", k=8)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
+from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs
+from spade_cli.records import Validation
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
+    if not spec:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {spec!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= I < N")
+    return i, n
+
+
+def in_shard(env_id: str, shard: tuple[int, int]) -> bool:
+    i, n = shard
+    return int(hashlib.sha256(env_id.encode()).hexdigest()[:12], 16) % n == i
+
+
+def load_envs(paths: list[Path], shard: tuple[int, int]) -> tuple[dict[str, EnvSource], dict]:
+    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped."""
+    envs: dict[str, EnvSource] = {}
+    counts = {"rows": 0, "invalid": 0, "duplicate": 0, "other_shard": 0}
+    for path, line, rec in read_rows(paths, expect="spade.validation"):
+        assert isinstance(rec, Validation)
+        counts["rows"] += 1
+        if not rec.valid:
+            counts["invalid"] += 1
+            continue
+        if not rec.code:
+            raise InputError(path, line, "a valid row without code")
+        if rec.env_id in envs:
+            counts["duplicate"] += 1
+        elif not in_shard(rec.env_id, shard):
+            counts["other_shard"] += 1
+        else:
+            envs[rec.env_id] = EnvSource(rec.env_id, rec.code, rec.hint or "")
+    return envs, counts
+
+
+def _returns_summary(rows: list[dict]) -> dict:
+    out: dict[str, Any] = {}
+    for side, hinted in (("unhinted", False), ("hinted", True)):
+        vals = [r["return"] for r in rows if r.get("hinted") is hinted]
+        out[f"{side}_mean"] = round(sum(vals) / len(vals), 4) if vals else None
+    return out
+
+
+def run(
+    model: str,
+    envs: list[str | Path],
+    out: str | Path,
+    k: int = 8,
+    *,
+    iteration: int = 0,
+    seed: int = 0,
+    backend: str = "hf",
+    base_url: str | None = None,
+    shard: str | None = None,
+    play: PlayConfig | None = None,
+    tier: str = "auto",
+    min_tier: str = "process",
+    force: bool = False,
+    progress: Callable[[Stats], None] | None = None,
+    backend_obj: Any = None,
+    backend_kwargs: dict | None = None,
+) -> dict:
+    """Play the episodes missing from ``out`` and publish it; returns the summary dict.
+
+    ``backend_obj`` lets a library caller (or the benchmark) pass an already loaded backend.
+    """
+    if k < 1:
+        raise ValueError("--k must be at least 1")
+    play = play or PlayConfig(seed=seed)
+    if play.seed != seed:
+        play = PlayConfig(**{**play.__dict__, "seed": seed})
+    shard_t = parse_shard(shard)
+    paths = expand_inputs(envs)
+    config = {"model": str(model), "k": k, "iteration": iteration, "seed": seed, "backend": backend,
+              "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier,
+              **{f: v for f, v in play.__dict__.items() if f not in ("seed", "max_concurrent", "env_threads")}}
+    inputs: dict[str, list] = {"envs": paths}
+    if Path(model).is_dir():
+        inputs["model"] = [Path(model)]
+    stage = Stage.begin("rollout", out, config, inputs, force=force)
+    if stage.check():
+        return {"status": "up to date", "out": str(out)}
+
+    env_map, counts = load_envs(paths, shard_t)
+    specs = episode_specs(list(env_map), k, seed, iteration)
+    done_rows = stage.resume()
+    done = {r.get("episode_id") for r in done_rows}
+    todo = [s for s in specs if s.episode_id not in done]
+    rows = list(done_rows)
+    stats = Stats(total=len(todo))
+    tier_used = None
+    if todo:
+        from spade_cli.backends import load_backend
+        from spade_cli.records import to_row
+        from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
+
+        try:  # the sandbox first: a machine that cannot confine envs fails before loading a model
+            pool = SandboxPool(SandboxConfig(tier=tier, min_tier=min_tier,
+                                             max_action_chars=max(play.max_action_chars, 1)))
+        except SandboxUnavailable as exc:
+            raise SpadeError(f"sandbox unavailable: {exc}") from None
+        tier_used = pool.tier
+        stage.warnings += pool.warnings
+        bk = backend_obj
+        try:
+            if bk is None:
+                kw = dict(backend_kwargs or {})
+                if base_url:
+                    kw["base_url"] = base_url
+                bk = load_backend(backend, model, **kw)
+            with stage.writer() as writer:
+                def emit(rec: Any) -> None:
+                    row = to_row(rec)
+                    writer.write(row)
+                    rows.append(row)
+
+                engine = Engine(bk, pool, env_map, play, emit, progress, env_error=EnvError)
+                t0 = time.perf_counter()
+                try:
+                    stats = engine.run(todo)
+                except SandboxUnavailable as exc:  # infrastructure, never an env's fault
+                    raise SpadeError(f"sandbox failed mid-run: {exc}; rerun to resume") from None
+                stage.timings.update(play_s=round(time.perf_counter() - t0, 3),
+                                     generate_s=round(stats.gen_s, 3), env_s=round(stats.env_s, 3))
+        finally:
+            pool.close()
+            if backend_obj is None and bk is not None and hasattr(bk, "close"):
+                bk.close()
+    if len(rows) != len(specs):
+        raise SpadeError(f"rollout ended with {len(rows)} of {len(specs)} episodes; rerun to resume")
+    errors: dict[str, int] = {}
+    for r in rows:
+        if r.get("error"):
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    summary = {
+        "status": "ok", "out": str(out), "envs": len(env_map), "episodes": len(rows),
+        "played": len(todo), "resumed": len(done_rows), "skipped": counts,
+        **_returns_summary(rows), "errors": errors, "quarantined": stats.quarantined,
+        "turns": stats.turns, "generate_calls": stats.calls, "gen_tokens": stats.gen_tokens,
+        "gen_tokens_per_s": round(stats.gen_tokens / stats.gen_s, 1) if stats.gen_s else None,
+        "sandbox_tier": tier_used,
+    }
+    stage.extra["sandbox"] = {"tier": tier_used}
+    stage.commit(len(rows), summary)
+    return summary
