@@ -10,12 +10,14 @@
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
   embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),
   ``reset`` picks one with ``self.np_random`` and shows its question, and ``step`` scores the reply
-  with reasoning-gym's own ``score_answer`` for that task. The generated module imports
-  reasoning_gym (which lives in spade's environment: it is how the task is scored, not something
-  the Designer writes); where it cannot be imported it falls back to reasoning-gym's default rule
-  (1 for an exact match, len(answer)/len(reply) when the reply contains the answer) and says so in
-  ``info["scorer"]``. Items whose gold answer does not score 1 after the JSON round trip are left
-  out at design time, so every embedded item is solvable.
+  with reasoning-gym's own scoring for that task. A task that keeps reasoning-gym's default
+  ``score_answer`` (1 for an exact match, len(answer)/len(reply) when the reply contains the
+  answer; 33 of its 106 tasks) gets that rule embedded, so the module stays standard-library
+  only. A task with its own scorer makes the module import reasoning_gym inside the sandbox (it
+  lives in spade's environment: it is how the task is scored, not something a Designer writes)
+  and call ``get_score_answer_fn(task)``; where it cannot be imported the default rule is used.
+  ``info["scorer"]`` says which. Items whose gold answer does not score 1 after the JSON round
+  trip are left out at design time, so every embedded item is solvable.
 
 Selection is reproducible and order-independent: a folder or JSONL pool is ranked by
 ``sha256(env_id | seed | iteration)`` and the first ``n`` are taken without replacement (a pool
@@ -95,23 +97,19 @@ embedded questions, step scores the reply with reasoning-gym's score_answer for 
 """
 
 import json
+import string
 
 import gymnasium as gym
 from gymnasium import spaces
 
-try:
-    from reasoning_gym import get_score_answer_fn
-
-    _SCORE = get_score_answer_fn({task!r})
-    SCORER = "reasoning_gym"
-except Exception:  # reasoning-gym missing: its default exact/containment rule
-    _SCORE = None
-    SCORER = "fallback"
-
+{scorer_block}
 ITEMS = json.loads({items!r})
+SUFFIX = "\\n\\nReply with the final answer only."
+# the questions may hold characters beyond ASCII; the spaces must admit every observation
+CHARSET = string.printable + "".join(sorted(set("".join(e["question"] for e in ITEMS)) - set(string.printable)))
 
 
-def _fallback(answer, entry):
+def _default_rule(answer, entry):
     gold = entry["answer"]
     if not answer:
         return 0.0
@@ -124,8 +122,8 @@ class ReasoningGymTask(gym.Env):
     metadata = {{"render_modes": []}}
 
     def __init__(self):
-        self.observation_space = spaces.Text(max_length=100000)
-        self.action_space = spaces.Text(max_length=100000)
+        self.observation_space = spaces.Text(max_length=100000, min_length=0, charset=CHARSET)
+        self.action_space = spaces.Text(max_length=100000, min_length=0, charset=string.printable)
         self.entry = None
         self.done = True
 
@@ -133,7 +131,7 @@ class ReasoningGymTask(gym.Env):
         super().reset(seed=seed)
         self.entry = ITEMS[int(self.np_random.integers(len(ITEMS)))]
         self.done = False
-        prompt = self.entry["question"] + "\\n\\nReply with the final answer only."
+        prompt = self.entry["question"] + SUFFIX
         return prompt, {{"task": {task!r}}}
 
     def step(self, action):
@@ -142,13 +140,29 @@ class ReasoningGymTask(gym.Env):
         self.done = True
         answer = str(action).strip()
         try:
-            score = float(_SCORE(answer, self.entry)) if _SCORE else _fallback(answer, self.entry)
+            score = float(_SCORE(answer, self.entry)) if _SCORE else _default_rule(answer, self.entry)
         except Exception:
             score = 0.0
         score = min(1.0, max(0.0, score)) if score == score else 0.0
         verdict = "Correct." if score >= 1.0 else "Not correct."
         return verdict, score, True, False, {{"scorer": SCORER, "score": score}}
 '''
+
+# A task that keeps reasoning-gym's default score_answer gets that rule embedded (no import: the
+# env stays stdlib-only and loads in milliseconds); a task with its own scorer imports
+# reasoning-gym inside the sandbox (about 2 s, within the 3 s import deadline on an idle machine).
+RG_IMPORT = """try:
+    from reasoning_gym import get_score_answer_fn
+
+    _SCORE = get_score_answer_fn({task!r})
+    SCORER = "reasoning_gym"
+except Exception:  # reasoning-gym missing: its default exact/containment rule
+    _SCORE = None
+    SCORER = "fallback"
+"""
+RG_DEFAULT = """_SCORE = None
+SCORER = "reasoning_gym_default_rule"  # this task uses reasoning-gym's default score_answer
+"""
 
 RG_HINT = ("This is the reasoning-gym task '{task}'. Work it out step by step before answering, check "
            "the result against every condition in the question, and reply with nothing but the final "
@@ -181,7 +195,12 @@ def rg_design(task: str, seed: int, iteration: int, index: int) -> dict:
     if not items:
         raise SpadeError(f"reasoning-gym task {task!r}: no item survives the JSON round trip")
     title = f"reasoning-gym {task} #{index}"
-    code = RG_TEMPLATE.format(title=title, task=task, items=json.dumps(items, ensure_ascii=False))
+    from reasoning_gym.dataset import ProceduralDataset
+
+    own_scorer = type(ds).score_answer is not ProceduralDataset.score_answer
+    block = RG_IMPORT.format(task=task) if own_scorer else RG_DEFAULT
+    code = RG_TEMPLATE.format(title=title, task=task, items=json.dumps(items, ensure_ascii=False),
+                              scorer_block=block)
     return {"name": f"rg-{task}-{index}", "title": title, "code": code, "hint": RG_HINT.format(task=task),
             "source": f"rg:{task}"}
 

@@ -109,7 +109,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
     """
     from spade_cli.artifacts import Stage
 
-    if n < 1 or group < 1 or n % group:
+    if n < 1 or group < 1 or (pool is None and n % group):
         raise ValueError(f"--n ({n}) must be a positive multiple of --group ({group})")
     if pool is None and not model and isinstance(backend, str):
         raise ValueError("pass --model (a Designer checkpoint) or --pool (a fixed environment pool)")

@@ -76,7 +76,7 @@ def design(
     """
     from stages import design as stage
 
-    if n % group:
+    if pool is None and n % group:  # a pool has no prompts, so no groups
         raise typer.BadParameter(f"--n ({n}) must be a multiple of --group ({group})", param_hint="--n")
     if pool is None and not model:
         raise typer.BadParameter("pass --model (a Designer) or --pool (a fixed environment pool)",
