@@ -84,6 +84,49 @@ def drop_privileges(workdir: str) -> bool:
     return True
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Stay uid 0 but hold no capability: used when nobody could not even read the interpreter.
+
+    Without CAP_DAC_OVERRIDE, CAP_KILL, CAP_SYS_PTRACE, CAP_SETUID and the rest, root is an
+    ordinary owner of root's files; Landlock (applied next) is what keeps it off them.
+    """
+    PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAPBSET_DROP = 47, 4, 24
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(64):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    SYS_capset = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
+    if SYS_capset is None or _libc.syscall(SYS_capset, ctypes.byref(header), ctypes.byref(data)) != 0:
+        raise ConfineError(f"capset failed: {os.strerror(ctypes.get_errno())}")
+
+
+def readable_by_others(paths: list[str]) -> bool:
+    """Whether every directory on the way to each path lets other users in (r-x for o)."""
+    for path in paths:
+        p = os.path.realpath(path)
+        while True:
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:
+                return False
+            if not mode & 0o001 or (p == os.path.realpath(path) and not mode & 0o004):
+                return False
+            if p == "/":
+                break
+            p = os.path.dirname(p)
+    return True
+
+
 # -- seccomp ------------------------------------------------------------------------------------
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}

@@ -118,6 +118,13 @@ class Zygote:
             self.close()
             raise SandboxUnavailable(f"the {tier} sandbox did not start ({exc}): {self._log_tail()}") from None
         self.pid, self.uid = hello.get("pid"), hello.get("uid")
+        self.drop_uid = self.uid == 0 and bool(hello.get("nobody_can_read_runtime"))
+        self.warnings = []
+        if self.uid == 0 and not self.drop_uid:
+            self.warnings.append("running as root and the interpreter lives where uid 65534 cannot read it: "
+                                 "env processes stay uid 0 with every capability dropped (Landlock and "
+                                 "seccomp still apply); install Python under a world-readable prefix to "
+                                 "get the uid drop")
         self.sock.settimeout(10.0)
 
     def _log_tail(self) -> str:
@@ -173,7 +180,7 @@ class EnvWorker:
         spec = {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "fsize_mb": cfg.fsize_mb,
                 "nofile": cfg.nofile, "nproc": cfg.nproc, "max_obs_chars": cfg.max_obs_chars,
                 "max_frame": cfg.max_frame, "seccomp": cfg.seccomp, "landlock": cfg.landlock,
-                "drop_uid": zygote.uid == 0}
+                "drop_uid": zygote.drop_uid, "drop_caps": zygote.uid == 0 and not zygote.drop_uid}
         try:
             reply = zygote.request({"op": "spawn", "spec": spec}, (theirs.fileno(), out_w))
         finally:
@@ -361,6 +368,7 @@ class SandboxPool:
             z = self.zygotes.get(hash_seed)
             if z is None or not z.alive():
                 z = self.zygotes[hash_seed] = Zygote(self.config, self.tier, hash_seed, self.base, self.bwrap)
+                self.warnings += [w for w in z.warnings if w not in self.warnings]
             return z
 
     def open(self, code: str, env_id: str = "", hash_seed: int = 0) -> EnvWorker:

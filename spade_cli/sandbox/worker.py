@@ -257,6 +257,8 @@ def env_main(proto_fd: int, out_fd: int, spec: dict, workdir: str) -> None:
                               spec["nproc"] if nonroot or spec["drop_uid"] else None)
         if spec["drop_uid"]:
             confine.drop_privileges(workdir)
+        elif spec["drop_caps"]:
+            confine.drop_capabilities()
         confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
         if os.getppid() != spec["zygote_pid"]:
             os._exit(1)  # the zygote died between fork and prctl
@@ -325,7 +327,9 @@ def zygote_main(ctrl_fd: int) -> None:
     read_paths = _runtime_paths()
     base = os.getcwd()
     children: dict[int, str] = {}  # env pid -> its private dir
-    ctrl.send(protocol.pack({"op": "ready", "pid": os.getpid(), "uid": os.geteuid()})[4:])
+    nobody_ok = confine.readable_by_others([sys.base_prefix, sys.prefix, os.path.dirname(confine.__file__)])
+    ctrl.send(protocol.pack({"op": "ready", "pid": os.getpid(), "uid": os.geteuid(),
+                             "nobody_can_read_runtime": nobody_ok})[4:])
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(ctrl, CTRL_MAX, 2)

@@ -1,0 +1,1 @@
+"""The hostile environment catalog (see cases.py)."""
