@@ -1,0 +1,169 @@
+"""The sandbox API the rollout relies on, the frame codec, the seccomp program and `spade doctor`."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, confine, protocol
+from tests.conftest import run_spade
+
+COUNTER = """
+import gymnasium as gym
+class Counter(gym.Env):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(0, 1000))
+        self.start = self.n
+        return f"start {self.n} {(options or {}).get('tag', '')}", {"start": self.n}
+    def step(self, action):
+        self.n += 1
+        return f"n={self.n} action={action}", 0.1, self.n - self.start >= 5, False, {"n": self.n}
+"""
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(SandboxConfig(tier="process", step_timeout_s=0.5)) as p:
+        yield p
+
+
+# -- unit: codec and filter ------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_frames_round_trip_and_caps() -> None:
+    r, w = os.pipe()
+    protocol.send(w, {"op": "step", "action": "héllo", "n": [1, 2.5, None, True]})
+    assert protocol.recv_blocking(r, 1 << 10) == {"op": "step", "action": "héllo", "n": [1, 2.5, None, True]}
+    os.write(w, struct.pack(">I", 1 << 30))  # a header announcing 1 GiB is refused before any body
+    with pytest.raises(protocol.FrameError) as e:
+        protocol.recv_blocking(r, 1 << 20)
+    assert e.value.kind == "too_large"
+    with pytest.raises(protocol.FrameError) as e:
+        protocol.unpack(msgpack.packb([1, 2]))
+    assert e.value.kind == "garbled"
+    # an ext type (what a pickle-like payload could hide in) decodes to inert data, never runs
+    body = msgpack.packb({"obs": msgpack.ExtType(42, b"cos\nsystem\n")})
+    assert isinstance(protocol.unpack(body)["obs"], msgpack.ExtType)
+    os.close(r)
+    os.close(w)
+
+
+@pytest.mark.unit
+def test_no_pickle_or_eval_on_the_supervisor_side() -> None:
+    import ast
+
+    src = Path(confine.__file__).parent
+    for name in ("protocol.py", "supervisor.py"):
+        tree = ast.parse((src / name).read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+                    for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])}
+        called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert not imported & {"pickle", "marshal", "shelve", "dill", "cloudpickle"}, name
+        assert not called & {"eval", "exec"}, name
+
+
+@pytest.mark.unit
+def test_seccomp_program_shape() -> None:
+    prog = confine.build_filter(1234)
+    assert len(prog) % 8 == 0 and 20 < len(prog) // 8 < 4096
+    first = struct.unpack_from("HBBI", prog, 0)
+    assert first == (0x20, 0, 0, 4)  # it starts by checking the architecture
+
+
+# -- integration: the API used by rollout ----------------------------------------------------------
+
+@pytest.mark.integration
+def test_episodes_are_independent_instances(pool: SandboxPool) -> None:
+    w = pool.open(COUNTER, "counter")
+    a0, info_a = w.reset("a", seed=1, options={"tag": "x"})
+    b0, info_b = w.reset("b", seed=2)
+    assert a0.endswith(" x") and info_a["start"] != info_b["start"]
+    obs, reward, term, trunc, info = w.step("a", "go")
+    assert info["n"] == info_a["start"] + 1 and reward == 0.1 and (term, trunc) == (False, False)
+    assert w.step("b", "go")[4]["n"] == info_b["start"] + 1  # b untouched by a's step
+    w.close_episode("a")
+    with pytest.raises(EnvError) as e:
+        w.step("a", "go")  # a closed episode is gone
+    assert e.value.reason == "step_exception" and w.alive  # the worker itself lives on
+    again, _ = w.reset("a", seed=1, options={"tag": "x"})
+    assert again == a0  # same seed, fresh instance, same start
+    w.close()
+    assert not w.alive
+
+
+@pytest.mark.integration
+def test_workers_in_parallel_threads(pool: SandboxPool) -> None:
+    workers = [pool.open(COUNTER, f"c{i}") for i in range(4)]
+
+    def drive(w):
+        out = []
+        for ep in range(5):
+            obs, info = w.reset(f"e{ep}", seed=ep)
+            for _ in range(5):
+                obs, _, term, _, info = w.step(f"e{ep}", f"t{threading.get_ident()}")
+            out.append(info["n"] - 5)
+            w.close_episode(f"e{ep}")
+        return out
+
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(drive, workers))
+    assert all(r == results[0] for r in results)  # same seeds -> same starts in every process
+    for w in workers:
+        w.close()
+
+
+@pytest.mark.integration
+def test_dead_worker_stays_dead_and_pool_recovers(pool: SandboxPool) -> None:
+    w = pool.open(COUNTER.replace("self.n += 1", "self.n += 1\n        while action == 'hang': pass"))
+    w.reset("e", 0)
+    with pytest.raises(EnvError) as e:
+        w.step("e", "hang")
+    assert e.value.reason == "step_timeout" and not w.alive
+    for call in (lambda: w.step("e", "x"), lambda: w.reset("f", 0)):
+        with pytest.raises(EnvError) as again:
+            call()
+        assert again.value.reason == "step_timeout"  # the original reason, every time
+    fresh = pool.open(COUNTER)
+    assert fresh.reset("e", 0)[0].startswith("start")
+    fresh.close()
+
+
+@pytest.mark.integration
+def test_episode_budget(pool: SandboxPool) -> None:
+    cfg = SandboxConfig(tier="process", step_timeout_s=0.5, episode_timeout_s=0.3)
+    with SandboxPool(cfg) as p:
+        w = p.open(COUNTER.replace("self.n += 1", "self.n += 1\n        import time; time.sleep(0.12)"))
+        w.reset("e", 0)
+        with pytest.raises(EnvError) as e:
+            for _ in range(5):
+                w.step("e", "x")
+        assert e.value.reason == "step_timeout"
+
+
+@pytest.mark.integration
+def test_action_is_truncated(pool: SandboxPool) -> None:
+    w = pool.open(COUNTER.replace('f"n={self.n} action={action}"', 'str(len(action))'))
+    w.reset("e", 0)
+    assert w.step("e", "x" * 100_000)[0] == str(pool.config.max_action_chars)
+    w.close()
+
+
+@pytest.mark.integration
+def test_doctor_json_and_table() -> None:
+    r = run_spade("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert {"bubblewrap", "landlock", "seccomp", "cgroups", "identity", "gpus", "backends", "tier"} <= set(report)
+    assert report["seccomp"]["ok"] is True  # the process tier needs it; CI must have it
+    assert report["tier"]["tier"] in ("process", "strong")
+    table = run_spade("doctor")
+    assert table.returncode == 0 and "sandbox tier" in table.stderr
+    assert json.loads(table.stdout)["tier"] == report["tier"]["tier"]
