@@ -430,7 +430,8 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     """Update the model on the stored samples and write ``cfg.out``; returns the summary."""
     import json
 
-    log = log or (lambda _msg: None)
+    if log is None or os.environ.get("RANK", "0") != "0":  # one log, not one per process
+        log = lambda _msg: None  # noqa: E731
     if not cfg.rollouts and not cfg.designs:
         raise SpadeError("nothing to train on: give --rollouts and/or --designs")
     if cfg.designs and not cfg.scores:

@@ -234,3 +234,27 @@ def test_cli_usage_errors_exit_2(tiny_model: Path, tmp_path: Path) -> None:
     res = run_spade("update", "--model", tiny_model, "--rollouts", "x.jsonl", "--out", tmp_path / "o",
                     "--loss-type", "ppo")
     assert res.returncode == 2 and "--loss-type" in res.stderr
+
+
+@pytest.mark.integration
+def test_two_processes_match_one(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """torchrun with 2 CPU processes (gloo) x 2 sequences gives the same update as 1 process x 4:
+    the plan, the token normaliser and the gradient averaging line up across processes."""
+    import os
+    import subprocess
+    import sys
+
+    common = ["--model", str(tiny_model), "--rollouts", str(artifacts["rollouts"]), "--designs",
+              str(artifacts["validated"]), "--scores", str(artifacts["scores"]), "--learning-rate", "1e-3"]
+    one = run_spade("update", *common, "--out", tmp_path / "one", "--per-device-train-batch-size", "4")
+    assert one.returncode == 0, one.stderr
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "spade_cli",
+                          "update", *common, "--out", str(tmp_path / "two"), "--per-device-train-batch-size", "2"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert two.returncode == 0, two.stderr
+    assert len(two.stdout.strip().splitlines()) == 1  # one summary line, from rank 0
+    reports = [json.loads((tmp_path / n / "update.json").read_text())["metrics"] for n in ("one", "two")]
+    assert reports[1]["processes"] == 2
+    assert reports[1]["grad_norm"]["max"] == pytest.approx(reports[0]["grad_norm"]["max"], rel=1e-4)
+    assert _changed(_params(tmp_path / "one"), _params(tmp_path / "two")) < 1e-5

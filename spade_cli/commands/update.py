@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -100,6 +101,8 @@ def update(
     if not rollouts and not designs:
         raise typer.BadParameter("give --rollouts and/or --designs", param_hint="--rollouts")
     summary = stage.run(cfg, force=force, log=lambda msg: console.print(msg, soft_wrap=True))
+    if os.environ.get("RANK", "0") != "0":  # under accelerate launch / torchrun only rank 0 reports
+        return
     if summary.get("status") == "ok":
         console.print(f"[green]wrote[/] {out}: {summary['samples']} samples, loss {summary['loss']:.4g}")
     finish(summary)
