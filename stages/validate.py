@@ -262,6 +262,8 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
     t_start = time.perf_counter()
     try:
         pool = SandboxPool(sb)
+        if len(done) < len(rows):
+            pool.prestart((0, 1))  # the determinism check needs a second PYTHONHASHSEED
     except SandboxUnavailable as exc:
         raise SpadeError(str(exc)) from None
     counts = Counter(r.get("reason") for r in done)
