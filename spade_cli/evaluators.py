@@ -355,14 +355,14 @@ def evalscope_command(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[
         gen["max_tokens"] = ctx.max_tokens
     cmd = [*ctx.evalscope_bin.split(), "eval", "--model", ctx.model, "--api-url", ctx.base_url.rstrip("/"),
            "--api-key", os.environ.get("OPENAI_API_KEY", "EMPTY"), "--eval-type", "openai_api",
-           "--datasets", spec.name, "--work-dir", str(work_dir), "--no-timestamp",
+           "--datasets", spec.name, "--work-dir", str(work_dir),
            "--seed", str(ctx.seed), "--eval-batch-size", str(ctx.batch_size),
            "--generation-config", json.dumps(gen)]
     if spec.name in EVALSCOPE_DATASET_ARGS:
         cmd += ["--dataset-args", json.dumps({spec.name: EVALSCOPE_DATASET_ARGS[spec.name]})]
     if ctx.limit:
         cmd += ["--limit", str(ctx.limit)]
-    return cmd
+    return [*cmd, "--no-timestamp"]  # results land in work_dir itself, where spade reads them
 
 
 def evalscope_rows(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[Eval]:
