@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, render_chat
 from spade_cli.records import Rollout
 
@@ -116,7 +117,7 @@ def to_action(reply: str, max_chars: int) -> str:
     return text.strip()[:max_chars]
 
 
-class TemplateError(RuntimeError):
+class TemplateError(SpadeError):
     """The chat template rewrote earlier turns, so env tokens cannot be spliced exactly."""
 
 

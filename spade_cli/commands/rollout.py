@@ -90,7 +90,8 @@ def rollout(
         "--enable-thinking/--no-enable-thinking", help="Let the agent think (<think> block) before acting.",
         rich_help_panel=GEN)] = True,
     max_concurrent: Annotated[int, typer.Option(
-        "--max-concurrent", min=1, help="Episodes in flight (the generate batch).", rich_help_panel=GEN)] = 256,
+        "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "
+        "model.generate).", rich_help_panel=GEN)] = 256,
     dtype: Annotated[str, typer.Option("--dtype", help="hf backend weights dtype.", rich_help_panel=GEN)]
     = "float32",
     tier: Annotated[str, typer.Option("--tier", help="Sandbox tier: auto, process or strong.")] = "auto",
@@ -133,7 +134,8 @@ def rollout(
         summary = stage.run(model, envs, Path(out), k, iteration=iteration, seed=seed, backend=backend,
                             base_url=base_url, shard=shard, play=play, tier=tier,
                             min_tier=min_tier, force=force,
-                            progress=progress, backend_kwargs={"dtype": dtype} if backend == "hf" else None)
+                            progress=progress, backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
+                                            if backend == "hf" else None))
     finally:
         progress.close()
     if summary.get("status") == "ok":
