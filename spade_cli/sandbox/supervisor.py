@@ -291,7 +291,7 @@ class EnvWorker:
         obs, info = r.get("obs"), r.get("info")
         self._check_obs(obs)
         if type(info) is not dict:
-            raise EnvError("info_not_json", "info is not a dict")
+            raise self._die("info_not_json", "info arrived as a non-dict")
         return obs, info
 
     def step(self, episode: str, action: str) -> tuple[str, float, bool, bool, dict]:
@@ -301,21 +301,23 @@ class EnvWorker:
                         self.cfg.step_timeout_s, "step")
         obs, reward, term, trunc, info = (r.get(k) for k in ("obs", "reward", "term", "trunc", "info"))
         self._check_obs(obs)
+        # The env process already checked these; a failure here means it forged its reply, so
+        # the worker is ended rather than trusted with another episode.
         if type(reward) not in (float, int) or isinstance(reward, bool):
-            raise EnvError("reward_not_real", f"reward arrived as {type(reward).__name__}")
+            raise self._die("reward_not_real", f"reward arrived as {type(reward).__name__}")
         if not math.isfinite(reward):
-            raise EnvError("reward_not_finite", f"reward is {reward}")
+            raise self._die("reward_not_finite", f"reward is {reward}")
         if type(term) is not bool or type(trunc) is not bool:
-            raise EnvError("flags_not_bool", "terminated/truncated arrived as non-bool")
+            raise self._die("flags_not_bool", "terminated/truncated arrived as non-bool")
         if type(info) is not dict:
-            raise EnvError("info_not_json", "info is not a dict")
+            raise self._die("info_not_json", "info arrived as a non-dict")
         return obs, float(reward), term, trunc, info
 
     def _check_obs(self, obs: object) -> None:
         if type(obs) is not str:
-            raise EnvError("obs_not_str", f"observation arrived as {type(obs).__name__}")
+            raise self._die("obs_not_str", f"observation arrived as {type(obs).__name__}")
         if len(obs) > self.cfg.max_obs_chars:
-            raise EnvError("obs_too_large", f"{len(obs)} characters")
+            raise self._die("obs_too_large", f"{len(obs)} characters")
 
     def check_env(self) -> dict:
         with self.lock:
