@@ -154,3 +154,63 @@ def test_min_tier_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:
         probe.choose_tier("auto", "strong")
     with pytest.raises(SandboxUnavailable, match="--tier strong requested"):
         probe.choose_tier("strong", "process")
+
+
+def test_kill_9_then_resume(tmp_path: Path) -> None:
+    """A validate killed with SIGKILL leaves no sandbox process behind and resumes where it stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    slow = env_src(reset="import time; time.sleep(0.05)")
+    rows = [design(slow.replace("class E", f"K = {i}\nclass E"), f"hint number {i} for the agent")
+            for i in range(12)]
+    d = write(tmp_path / "d.jsonl", rows)
+    out = tmp_path / "v.jsonl"
+    argv = [sys.executable, "-m", "spade_cli", "validate", "--designs", str(d), "--out", str(out), "--workers", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    partial: list[Path] = []
+    while time.monotonic() < deadline:
+        partial = list(tmp_path.glob("v.jsonl.partial-*"))
+        if partial and partial[0].read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    sandbox = _descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)  # the CLI only: its zygotes must notice and exit by themselves
+    proc.wait()
+    assert partial and not out.exists()
+    assert len(sandbox) >= 2  # two zygotes (and an env process) were running
+    first = partial[0].read_text().count("\n")
+    time.sleep(1.5)
+    leftovers = [p for p in sandbox if _alive(p)]
+    assert not leftovers, f"sandbox processes outlived the killed run: {leftovers}"
+    r = run_spade("validate", "--designs", d, "--out", out, "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary["resumed"] >= first >= 2 and summary["rows"] == 12
+    assert [g["valid"] for g in read(out)] == [True] * 12
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(root: int) -> set[int]:
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - out
+        out |= frontier
+    return out
