@@ -39,7 +39,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from spade_cli import curriculum
@@ -60,33 +60,50 @@ STAGE = "regret"
 
 
 # -- rollouts --------------------------------------------------------------------------------------
-def _cut_tokens(raw: bytes) -> bytes:
-    """The line with its ``"tokens": {...}`` value replaced by null when that value is a flat object
-    holding no strings (arrays of numbers): then its first ``}`` is its end and cutting it cannot
-    change any other field. Anything else is left for the JSON parser."""
-    k = raw.find(b'"tokens":')
+def _flat_object(buf: bytes, start: int, end: int) -> bool:
+    """True when ``buf[start:end + 1]`` (from a ``{`` to the first ``}`` after it) is a complete
+    object whose only strings are its keys: no nested object, no escape, every quoted run followed
+    by a colon. Then no ``}`` can hide inside a string, so cutting it out leaves valid JSON with
+    every other field unchanged. Only single-byte finds (memchr), so the token arrays are scanned
+    at memory speed."""
+    if buf.find(b"{", start + 1, end) >= 0 or buf.find(b"\\", start, end) >= 0:
+        return False
+    q = buf.find(b'"', start, end)
+    while q >= 0:
+        close = buf.find(b'"', q + 1, end)
+        if close < 0:
+            return False
+        j = close + 1
+        while j < end and buf[j] in b" \t\r\n":
+            j += 1
+        if j >= end or buf[j] != 58:  # ':'
+            return False
+        q = buf.find(b'"', j, end)
+    return True
+
+
+def _cut_tokens(buf: bytes, s: int = 0, e: int | None = None) -> bytes:
+    """Line ``buf[s:e]`` with its ``"tokens": {...}`` value replaced by null when that value is a
+    flat object of numbers (``_flat_object``); otherwise the line unchanged, for the JSON parser.
+    The token arrays of a rollout are therefore not validated here (`spade update` reads them)."""
+    e = len(buf) if e is None else e
+    k = buf.find(b'"tokens":', s, e)
     if k < 0:
-        return raw
+        return buf[s:e]
     start = k + 9
-    while start < len(raw) and raw[start] in b" \t":
+    while start < e and buf[start] in b" \t":
         start += 1
-    if start >= len(raw) or raw[start] != ord("{"):
-        return raw
-    end = raw.find(b"}", start)
-    if end < 0:
-        return raw
-    span = raw[start:end + 1]
-    if b"{" in span[1:] or b"\\" in span or span.count(b"[") != span.count(b"]"):
-        return raw
-    parts = span.split(b'"')  # odd pieces are string contents: they must all be keys
-    if len(parts) % 2 == 0 or not all(parts[i + 1].lstrip().startswith(b":") for i in range(1, len(parts), 2)):
-        return raw
-    return raw[:start] + b"null" + raw[end + 1:]
+    if start >= e or buf[start] != 123:  # '{'
+        return buf[s:e]
+    end = buf.find(b"}", start, e)
+    if end < 0 or not _flat_object(buf, start, end):
+        return buf[s:e]
+    return buf[s:start] + b"null" + buf[end + 1:e]
 
 
 def _episode(path: Path, lineno: int, raw: bytes) -> tuple[str, bool, int, float, str | None]:
     try:
-        row = json.loads(_cut_tokens(raw))
+        row = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise InputError(path, lineno, f"not valid JSON ({why})") from None
@@ -117,38 +134,94 @@ def _episode(path: Path, lineno: int, raw: bytes) -> tuple[str, bool, int, float
     return env_id, hinted, pair, float(ret), err
 
 
+def _fast_decoder() -> Callable[[bytes], tuple | None] | None:
+    """With msgspec installed, a decoder that reads only the five fields and skips the rest in C
+    (about 5x faster than json.loads on a rollout row). It returns None for anything it does not
+    accept outright, and the row then goes through ``_episode``, which names the exact problem, so
+    both paths accept and refuse the same rows."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+
+    class Episode(msgspec.Struct):
+        schema: str
+        env_id: str
+        hinted: bool
+        pair: int
+        ret: float = msgspec.field(name="return")
+        error: str | None = None
+
+    dec = msgspec.json.Decoder(Episode)
+
+    def decode(raw: bytes) -> tuple | None:
+        try:
+            ep = dec.decode(raw)
+        except msgspec.DecodeError:
+            return None
+        if ep.schema != "spade.rollout/1" or not ep.env_id or not math.isfinite(ep.ret):
+            return None
+        return ep.env_id, ep.hinted, ep.pair, ep.ret, ep.error
+
+    return decode
+
+
 def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
                   ) -> tuple[dict[str, dict], list[dict]]:
     """One streaming pass: per-env returns grouped by side and pair, plus each file's fingerprint
-    (the same sha256 and row count ``artifacts.fingerprint`` gives). An episode of an env that is
-    neither a valid env of this iteration nor in memory is a bad row."""
+    (the same sha256 and row count ``artifacts.fingerprint`` gives). sha256 runs in a helper thread
+    (hashlib releases the GIL), overlapping the parse of the same block. An episode of an env that
+    is neither a valid env of this iteration nor in memory is a bad row."""
+    from concurrent.futures import ThreadPoolExecutor
+
     envs: dict[str, dict] = {}
     fps = []
-    for path in paths:
-        h, rows, lineno, tail = hashlib.sha256(), 0, 0, b""
-        with open(path, "rb") as fh:
-            while True:
-                block = fh.read(chunk)
-                h.update(block)
-                rows += block.count(b"\n")
-                lines = (tail + block).split(b"\n")
-                tail = lines.pop() if block else b""
-                for raw in lines:
-                    lineno += 1
-                    if not raw.strip():
-                        continue
-                    env_id, hinted, pair, ret, err = _episode(path, lineno, raw)
-                    if env_id not in known:
-                        raise InputError(path, lineno, f"episode of env {env_id!r}, which is neither a "
-                                         "valid env of --envs nor in --memory")
-                    st = envs.setdefault(env_id, {"h": defaultdict(list), "u": defaultdict(list),
-                                                  "h_err": 0, "u_err": 0})
-                    st["h" if hinted else "u"][pair].append(ret)
-                    if err is not None:
-                        st["h_err" if hinted else "u_err"] += 1
-                if not block:
-                    break
-        fps.append({"path": str(path), "sha256": h.hexdigest(), "rows": rows})
+
+    fast = _fast_decoder()
+
+    def take(path: Path, lineno: int, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        ep = fast(raw) if fast else None
+        env_id, hinted, pair, ret, err = ep or _episode(path, lineno, raw)
+        if env_id not in known:
+            raise InputError(path, lineno, f"episode of env {env_id!r}, which is neither a valid env of "
+                             "--envs nor in --memory")
+        st = envs.get(env_id)
+        if st is None:
+            st = envs[env_id] = {"h": defaultdict(list), "u": defaultdict(list), "h_err": 0, "u_err": 0}
+        st["h" if hinted else "u"][pair].append(ret)
+        if err is not None:
+            st["h_err" if hinted else "u_err"] += 1
+
+    # Two reusable buffers, filled with readinto: no fresh 8 MB allocation (and its page faults) per
+    # block, and the helper thread hashes one buffer while the next is read into the other.
+    bufs = [bytearray(chunk), bytearray(chunk)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for path in paths:
+            h, lineno, keep, pending, which = hashlib.sha256(), 0, b"", None, 0
+            with open(path, "rb") as fh:
+                while True:
+                    buf = bufs[which]
+                    if len(buf) < len(keep) + chunk:  # a line longer than a block
+                        buf = bufs[which] = bytearray(len(keep) + chunk)
+                    buf[:len(keep)] = keep
+                    got = fh.readinto(memoryview(buf)[len(keep):])
+                    if pending is not None:
+                        pending.result()
+                    if not got:
+                        break
+                    end = len(keep) + got
+                    pending = pool.submit(h.update, memoryview(buf)[len(keep):end])
+                    pos = 0
+                    while (nl := buf.find(b"\n", pos, end)) >= 0:
+                        lineno += 1
+                        take(path, lineno, _cut_tokens(buf, pos, nl))
+                        pos = nl + 1
+                    keep, which = bytes(buf[pos:end]), 1 - which
+            if keep.strip():
+                take(path, lineno + 1, _cut_tokens(keep))
+            fps.append({"path": str(path), "sha256": h.hexdigest(), "rows": lineno})
     return envs, fps
 
 

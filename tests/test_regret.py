@@ -145,3 +145,24 @@ def test_replay_ranking() -> None:
     assert stage.select_replay(memory, 5, 1, {"x"}, beta=0.1, rho=1.0)[0]["env_id"] == "c"
     # envs without code are never replayed
     assert stage.select_replay([{**memory[1], "code": None}], 5, 3, set(), 0.1, 0.1) == []
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["msgspec-if-installed", "json"])
+def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> None:
+    from spade_cli.artifacts import fingerprint
+
+    if not fast:
+        monkeypatch.setattr(stage, "_fast_decoder", lambda: None)
+    rows = [{"schema": "spade.rollout/1", "env_id": "a", "hinted": h, "pair": p, "return": r, "error": e,
+             "tokens": {"prompt_ids": [1, 2, 3], "logprobs": [None, -0.5]}}
+            for h, p, r, e in [(True, 0, 1, None), (False, 0, 0.25, "step_timeout"), (True, 1, 0.5, None)]]
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    envs, fps = stage.scan_rollouts([path], {"a"}, chunk=7)  # tiny chunks: lines cross block edges
+    assert fps == [{k: v for k, v in fingerprint(path).items()}]
+    st = envs["a"]
+    assert dict(st["h"]) == {0: [1.0], 1: [0.5]} and dict(st["u"]) == {0: [0.25]}
+    assert (st["h_err"], st["u_err"]) == (0, 1)
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "pair": True}) + "\n")
+    with pytest.raises(InputError, match=r"r.jsonl:2: pair must be an integer"):
+        stage.scan_rollouts([path], {"a"})

@@ -169,3 +169,16 @@ def test_crash_mid_write_resumes(it0: dict, monkeypatch: pytest.MonkeyPatch) -> 
     assert summary["resumed_rows"] == 2 and summary["rows"] == 4
     assert [r["env_id"] for r in _rows(d / "scores.jsonl")] == it0["ids"]
     assert not list(d.glob("scores.jsonl.partial-*"))
+
+
+@pytest.mark.bench
+def test_bench_regret_recipe_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    res = subprocess.run([sys.executable, str(REPO / "recipes" / "bench_regret.py"), "--rows", "2000", "--envs", "20",
+                          "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert "x baseline" in res.stdout and "episodes 2000" in res.stdout
