@@ -8,7 +8,7 @@ machines drift by tens of percent between runs and only the ratios travel:
 * confined env-process start (p50) of ``SandboxPool.open`` (zygote fork + rlimits + uid/caps
   + Landlock + seccomp + loading the source) vs a naive fresh ``python -c`` subprocess that
   imports gymnasium and loads the same source (target <= 10 ms);
-* ``spade validate`` throughput on small envs with ``--workers 2`` vs a naive subprocess per env
+* ``spade validate`` throughput on small envs (default workers: 2 per core) vs a naive subprocess per env
   running the same episodes (target >= 50 envs/s on 2 cores, goal >= 100).
 
 Example::
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--starts", type=int, default=100)
     ap.add_argument("--envs", type=int, default=100)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=None, help="validate threads (default: 2 per core)")
     args = ap.parse_args()
     with SandboxPool(SandboxConfig(tier=args.tier)) as pool:
         tier = pool.tier
@@ -153,7 +153,7 @@ def main() -> None:
     print(f"confined env start p50: {start['confined_open_ms']} ms (naive subprocess "
           f"{start['naive_subprocess_ms']} ms, {start['naive_subprocess_ms'] / start['confined_open_ms']:.1f}x; "
           "target <= 10)", file=sys.stderr)
-    print(f"validate throughput: {val['validate_envs_per_s']} envs/s with {args.workers} workers "
+    print(f"validate throughput: {val['validate_envs_per_s']} envs/s with {args.workers or 'default'} workers "
           f"(naive subprocess {val['naive_subprocess_envs_per_s']} envs/s, "
           f"{val['validate_envs_per_s'] / val['naive_subprocess_envs_per_s']:.1f}x; target >= 50, goal 100)",
           file=sys.stderr)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import random
 import statistics
 import time
@@ -238,7 +239,13 @@ def _duplicates(designs: list[Design], memory_ids: set[str]) -> list[str | None]
     return out
 
 
-def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | None = None, workers: int = 2,
+def default_workers() -> int:
+    """Two threads per usable core: each spends most of its time waiting on an env process."""
+    return 2 * len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2 * (os.cpu_count() or 1)
+
+
+def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | None = None,
+        workers: int | None = None,
         tier: str = "auto", min_tier: str = "process", max_steps: int = 16, seed: int = 0,
         trivial_return: float = 0.8, sandbox: SandboxConfig | None = None, force: bool = False,
         config: dict | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
@@ -275,7 +282,7 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
 
     todo = range(len(done), len(rows))
     try:
-        with pool, stage.writer() as writer, ThreadPoolExecutor(max(1, workers)) as ex:
+        with pool, stage.writer() as writer, ThreadPoolExecutor(max(1, workers or default_workers())) as ex:
             for n, row in enumerate(ex.map(one, todo), 1):  # map keeps input order: the partial is a prefix
                 writer.write(row)
                 counts[row["reason"]] += 1

@@ -19,7 +19,9 @@ def validate(
     ctx: typer.Context,
     designs: Annotated[list[str], typer.Option("--designs", help="spade.design/1 JSONL files or globs.")],
     out: OutFileOpt,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Designs checked in parallel.")] = 2,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Designs checked in parallel "
+                                                "(threads, each waiting on its env processes); default "
+                                                "2 per usable CPU core.")] = None,
     tier: TierOpt = "auto",
     min_tier: MinTierOpt = "process",
     memory: Annotated[Path | None, typer.Option("--memory", help="spade.memory/1 JSONL: known envs are "

@@ -20,6 +20,7 @@ supervisor checks the decoded values again, because code in this process could f
 
 from __future__ import annotations
 
+import gc
 import math
 import numbers
 import os
@@ -314,11 +315,29 @@ def _reap_strays(known: dict[int, str]) -> None:
                 pass
 
 
+def _prewarm() -> None:
+    """Run the lazy first-use paths once here, so no forked env process pays for them again."""
+    import gymnasium
+
+    class Warm(gymnasium.Env):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return str(self.np_random.integers(0, 10)), {}
+
+    Warm().reset(seed=0)
+    protocol.unpack(protocol.pack({"warm": [1, 2.0, "x", None, True]})[4:])
+    check_info({"a": [1, 2.0]})
+
+
 def zygote_main(ctrl_fd: int) -> None:
     import gymnasium  # noqa: F401  pre-imported once so every env process starts warm
     import numpy  # noqa: F401
     from gymnasium.utils import env_checker  # noqa: F401
 
+    _prewarm()
+    # Objects that exist now are shared copy-on-write with every env process; keeping them out of
+    # the collector means a child's first garbage collection does not touch (and copy) them all.
+    gc.freeze()
     ctrl = socket.socket(fileno=ctrl_fd)
     try:
         confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
