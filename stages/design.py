@@ -145,7 +145,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
     done = _resume_groups(stage, group)
     todo = [p for p in plan if p["group_id"] not in done]
     be = backend
-    if isinstance(backend, str):
+    if isinstance(backend, str) and todo:  # nothing to generate after a crash past the last group
         from spade_cli.backends import load_backend
 
         kwargs = {"base_url": base_url} if base_url else {}
@@ -176,7 +176,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
                         completion_tokens += len(s.token_ids)
                         w.write(row)
     finally:
-        if isinstance(backend, str) and hasattr(be, "close"):
+        if be is not backend and hasattr(be, "close"):
             be.close()
     resumed = sum(len(rs) for rs in done.values())
     parse_errors += sum(r.get("parse_error") is not None for rs in done.values() for r in rs)

@@ -226,3 +226,57 @@ def test_worked_example_round_trips_through_the_parser():
     ex = design.worked_example()
     p = prompts.parse_completion(prompts.format_answer(ex["title"], ex["code"], ex["hint"]))
     assert (p.title, p.code, p.hint, p.error) == (ex["title"], ex["code"], ex["hint"], None)
+
+
+# -- the core with a scripted backend (the tiny model only writes garbage, so this is where a
+#    well-formed completion travels through run() into a parsed row) ---------------------------------
+
+@pytest.mark.unit
+def test_run_parses_good_completions_and_keeps_bad_ones(tmp_path):
+    from spade_cli.backends.fake import FakeBackend
+    from spade_cli.records import env_id_for
+
+    ex = design.worked_example()
+    good = "<think>let me plan</think>\n" + prompts.format_answer("Ledger", ex["code"], ex["hint"])
+    be = FakeBackend("scripted", outputs=[good, "no idea"])
+    out = tmp_path / "d.jsonl"
+    summary = design.run(out, model="scripted", n=4, group=2, backend=be, max_tokens=100000, seed=3)
+    assert (summary["rows"], summary["backend_calls"], summary["parse_errors"]) == (4, 1, 2)
+    assert be.calls == 1 and be.requests[0][1] == 2 and len(be.requests[0][0]) == 2
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    parsed = [r for r in rows if r["parse_error"] is None]
+    assert len(parsed) == 2
+    for r in parsed:
+        assert (r["title"], r["code"], r["hint"]) == ("Ledger", ex["code"], ex["hint"])
+        assert r["env_id"] == env_id_for(ex["code"], ex["hint"])
+        assert r["gen"]["seed"] == rows[0]["gen"]["seed"] and r["gen"]["backend"] == "fake"
+    bad = [r for r in rows if r["parse_error"]]
+    assert all(r["completion"] == "no idea" and r["code"] is None for r in bad)
+    # finished: the next call is a no-op, and a changed config is refused
+    assert design.run(out, model="scripted", n=4, group=2, backend=be, max_tokens=100000, seed=3)["status"] \
+        == "up to date"
+    with pytest.raises(SpadeError, match="seed 3 -> 4"):
+        design.run(out, model="scripted", n=4, group=2, backend=be, max_tokens=100000, seed=4)
+
+
+@pytest.mark.unit
+def test_resume_keeps_complete_groups_and_drops_a_torn_one(tmp_path):
+    from spade_cli.artifacts import Stage
+    from spade_cli.backends.fake import FakeBackend
+
+    out = tmp_path / "d.jsonl"
+    be = FakeBackend("scripted", outputs=["x"])
+    kw = dict(model="scripted", n=6, group=2, backend=be, max_tokens=64, chunk=1)
+    # reproduce the crashed run's partial file: group 0 complete, group 1 half-written
+    design.run(out, **kw)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    config = json.loads((tmp_path / "d.jsonl.manifest.json").read_text())["config"]
+    stage = Stage.begin("design", out, config, {"corpus": [corpus.BUNDLED]})
+    out.unlink()
+    (tmp_path / "d.jsonl.manifest.json").unlink()
+    stage.partial.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    be2 = FakeBackend("scripted", outputs=["y"])
+    summary = design.run(out, **{**kw, "backend": be2})
+    assert summary["resumed_rows"] == 2 and be2.calls == 2 and summary["rows"] == 6
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert again[:2] == rows[:2] and [r["completion"] for r in again[2:]] == ["y"] * 4
