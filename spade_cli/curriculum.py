@@ -18,13 +18,15 @@ does). `stages/regret.py` feeds them the streamed rollout returns and the enviro
 - ``learnability``: ``p(1-p)`` (Syllabus/SFL), p the unhinted success rate.
 - ``replay_priorities``: PLR (Jiang et al. 2021; minimax ``plr.py``) over past envs:
   ``P = (1-rho) * P_S + rho * P_C`` with ``P_S(i) ∝ (1/rank_i)^(1/beta)`` on the score (positive
-  regret) and ``P_C(i) = staleness_i / sum(staleness)``.
+  regret) and ``P_C(i) = staleness_i / sum(staleness)``; ``select_replay`` applies it to memory rows.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+from spade_cli.records import Validation, to_row
 
 EMA_ALPHA = 0.1
 LP_THETA = 0.1
@@ -148,3 +150,31 @@ def replay_priorities(scores: Sequence[float], staleness: Sequence[float], beta:
     if total_age <= 0:
         return ps
     return [(1.0 - rho) * ps[i] + rho * staleness[i] / total_age for i in range(n)]
+
+
+def select_replay(memory: list[dict], iteration: int, k: int, exclude: set[str], beta: float, rho: float,
+                  ) -> list[dict]:
+    """The K memory envs with the highest PLR probability, as validation rows for iteration + 1.
+
+    Score = positive regret of the env's latest history entry; staleness = iterations since it was
+    last played, counted from the next iteration. Envs without stored code cannot be replayed.
+    """
+    cands = sorted((r for r in memory if r.get("code") and r["env_id"] not in exclude and r["history"]),
+                   key=lambda r: r["env_id"])
+    scores, stale = [], []
+    for r in cands:
+        last = r["history"][-1]
+        scores.append(max(last.get("regret") or 0.0, 0.0))
+        stale.append(float(iteration + 1 - last.get("iteration", iteration)))
+    prio = replay_priorities(scores, stale, beta=beta, rho=rho)
+    order = sorted(range(len(cands)), key=lambda i: (-prio[i], cands[i]["env_id"]))[:k]
+    out = []
+    for i in order:
+        r = cands[i]
+        rec = Validation(env_id=r["env_id"], iteration=iteration + 1, title=r.get("title"), code=r["code"],
+                         hint=r.get("hint"), doc={"id": r.get("doc_id")} if r.get("doc_id") else None,
+                         valid=True, extra={"replay": {"priority": prio[i], "score": scores[i],
+                                                       "staleness": stale[i],
+                                                       "first_iteration": r.get("first_iteration")}})
+        out.append(to_row(rec))
+    return out

@@ -24,7 +24,7 @@ idempotent.
 Rollouts are streamed: each line is hashed for the manifest and parsed in the same pass, and the
 token arrays (the bulk of every row) are cut out unparsed when they form a flat object of numbers,
 so 100k rows take seconds (recipes/bench_regret.py). Only (env_id, hinted, pair, return, error)
-is kept per episode.
+is kept per episode. Formulas and design choices: docs/regret.md.
 
 Example::
 
@@ -226,9 +226,7 @@ def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
 
 
 def env_stats(st: dict | None, threshold: float) -> dict:
-    if st is None:
-        return curriculum.regret_stats({}, {}) | {"unhinted_success": None, "hinted_success": None,
-                                                  "hinted_errors": 0, "unhinted_errors": 0}
+    st = st or {"h": {}, "u": {}, "h_err": 0, "u_err": 0}
     out = curriculum.regret_stats(st["h"], st["u"])
     out["unhinted_success"] = curriculum.success_rate([r for rs in st["u"].values() for r in rs], threshold)
     out["hinted_success"] = curriculum.success_rate([r for rs in st["h"].values() for r in rs], threshold)
@@ -282,35 +280,6 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
                  "unhinted_n": s["unhinted_n"], "unhinted_success": s["unhinted_success"]}
         row["history"] = sorted([*row["history"], entry], key=lambda e: e.get("iteration", 0))
     return _kept(base, iteration)
-
-
-# -- replay ----------------------------------------------------------------------------------------
-def select_replay(memory: list[dict], iteration: int, k: int, exclude: set[str], beta: float, rho: float,
-                  ) -> list[dict]:
-    """The K memory envs with the highest PLR probability, as validation rows for iteration + 1.
-
-    Score = positive regret of the env's latest history entry; staleness = iterations since it was
-    last played, counted from the next iteration. Envs without stored code cannot be replayed.
-    """
-    cands = sorted((r for r in memory if r.get("code") and r["env_id"] not in exclude and r["history"]),
-                   key=lambda r: r["env_id"])
-    scores, stale = [], []
-    for r in cands:
-        last = r["history"][-1]
-        scores.append(max(last.get("regret") or 0.0, 0.0))
-        stale.append(float(iteration + 1 - last.get("iteration", iteration)))
-    prio = curriculum.replay_priorities(scores, stale, beta=beta, rho=rho)
-    order = sorted(range(len(cands)), key=lambda i: (-prio[i], cands[i]["env_id"]))[:k]
-    out = []
-    for i in order:
-        r = cands[i]
-        rec = Validation(env_id=r["env_id"], iteration=iteration + 1, title=r.get("title"), code=r["code"],
-                         hint=r.get("hint"), doc={"id": r.get("doc_id")} if r.get("doc_id") else None,
-                         valid=True, extra={"replay": {"priority": prio[i], "score": scores[i],
-                                                       "staleness": stale[i],
-                                                       "first_iteration": r.get("first_iteration")}})
-        out.append(to_row(rec))
-    return out
 
 
 # -- the stage -------------------------------------------------------------------------------------
@@ -409,7 +378,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, m
     picked = []
     if replay_path:
         invalid_now = {r.env_id for r in designs if not r.valid}
-        picked = select_replay(merged, it, replay, invalid_now, replay_temperature, replay_staleness)
+        picked = curriculum.select_replay(merged, it, replay, invalid_now, replay_temperature, replay_staleness)
         write_jsonl(replay_path, picked)
         side[str(replay_path)] = sha256_file(replay_path)
 

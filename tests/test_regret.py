@@ -137,14 +137,14 @@ def test_replay_ranking() -> None:
 
     memory = [mem("a", 0.1, 5), mem("b", 0.9, 5), mem("c", -0.5, 1), mem("d", 0.6, 5), mem("x", 2.0, 5)]
     # rho 0: pure rank prioritisation on positive regret; 'x' is excluded (invalid this iteration)
-    picked = stage.select_replay(memory, 5, 2, {"x"}, beta=0.1, rho=0.0)
+    picked = curriculum.select_replay(memory, 5, 2, {"x"}, beta=0.1, rho=0.0)
     assert [r["env_id"] for r in picked] == ["b", "d"]
     assert all(r["schema"] == "spade.validation/1" and r["valid"] and r["iteration"] == 6 for r in picked)
     assert picked[0]["code"] == "# b"
     # rho 1: pure staleness; 'c' was last played at iteration 1 (staleness 5 vs 1)
-    assert stage.select_replay(memory, 5, 1, {"x"}, beta=0.1, rho=1.0)[0]["env_id"] == "c"
+    assert curriculum.select_replay(memory, 5, 1, {"x"}, beta=0.1, rho=1.0)[0]["env_id"] == "c"
     # envs without code are never replayed
-    assert stage.select_replay([{**memory[1], "code": None}], 5, 3, set(), 0.1, 0.1) == []
+    assert curriculum.select_replay([{**memory[1], "code": None}], 5, 3, set(), 0.1, 0.1) == []
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["msgspec-if-installed", "json"])
