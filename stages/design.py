@@ -34,7 +34,7 @@ from typing import Any
 from spade_cli import corpus as corpus_mod
 from spade_cli import pool as pool_mod
 from spade_cli import prompts
-from spade_cli.artifacts import SpadeError, atomic_write_text, dumps, read_records
+from spade_cli.artifacts import InputError, SpadeError, atomic_write_text, dumps, read_records
 from spade_cli.records import Design
 
 # The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
@@ -116,6 +116,12 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
     if config is None:
         config = {k: v for k, v in locals().items() if k not in ("out", "force", "Stage", "backend")}
         config["backend"] = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
+    local = {"memory": memory}
+    if pool and pool != "bundled" and not pool.startswith("rg:"):
+        local["pool"] = pool
+    for role, path in local.items():
+        if path is not None and not Path(path).exists():
+            raise InputError(path, None, f"no such {role} file or folder")
     inputs: dict[str, list] = {}
     if memory:
         inputs["memory"] = [memory]

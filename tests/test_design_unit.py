@@ -280,3 +280,13 @@ def test_resume_keeps_complete_groups_and_drops_a_torn_one(tmp_path):
     assert summary["resumed_rows"] == 2 and be2.calls == 2 and summary["rows"] == 6
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert again[:2] == rows[:2] and [r["completion"] for r in again[2:]] == ["y"] * 4
+
+
+@pytest.mark.unit
+def test_missing_inputs_are_named(tmp_path):
+    with pytest.raises(InputError, match="nope.jsonl: no such memory file"):
+        design.run(tmp_path / "d.jsonl", model="m", n=4, memory=tmp_path / "nope.jsonl")
+    with pytest.raises(InputError, match="no-pool: no such pool file"):
+        design.run(tmp_path / "d.jsonl", pool=str(tmp_path / "no-pool"), n=4)
+    with pytest.raises(SpadeError, match="cannot create the task 'nope'"):
+        design.run(tmp_path / "d.jsonl", pool="rg:nope", n=1)
