@@ -10,6 +10,10 @@ The unit of resumption is one task spec: its rows are appended to the partial ou
 the whole task has finished, so a run killed during the third task redoes only that task.
 ``compare`` puts two eval files side by side (B minus A), the basis of before/after tables.
 
+The ``lm:`` and ``rg:`` adapters live in ``spade_cli.evaluators``; the ``evalscope:`` adapter (a
+subprocess against an OpenAI-compatible server) and the ``envs:`` adapter (the rollout core) are
+here, with ``ADAPTERS``, the registry from spec kind to adapter.
+
 Compared with the paper: the paper reports pass@1 over several samples on AIME; here each item is
 sampled once per run (greedy by default) and the standard error is that of the item mean.
 
@@ -19,17 +23,130 @@ sampled once per run (greedy by default) and the standard error is that of the i
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_records
-from spade_cli.evaluators import ADAPTERS, PAPER_PRESET, EvalContext, TaskSpec, parse_specs
+from spade_cli.evaluators import (
+    PAPER_PRESET,
+    EvalContext,
+    TaskSpec,
+    finite,
+    mean_stderr,
+    parse_specs,
+    run_lm,
+    run_rg,
+)
 from spade_cli.records import Eval, parse
 
 PRESETS = {"paper": PAPER_PRESET}
+# Extra dataset arguments evalscope needs to match the paper's versions of its benchmarks.
+EVALSCOPE_DATASET_ARGS = {"live_code_bench": {"subset_list": ["release_v6"]}}
+
+
+# -- evalscope ---------------------------------------------------------------------------------
+
+def evalscope_command(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[str]:
+    """The `evalscope eval` command line for one benchmark against an OpenAI-compatible server."""
+    if not ctx.base_url:
+        raise SpadeError(f"{spec.label} talks to an OpenAI-compatible server: pass --base-url "
+                         "(e.g. http://127.0.0.1:8000/v1 from `vllm serve`)")
+    gen = {"temperature": ctx.temperature, "seed": ctx.seed}
+    if ctx.max_tokens:
+        gen["max_tokens"] = ctx.max_tokens
+    cmd = [*ctx.evalscope_bin.split(), "eval", "--model", ctx.model, "--api-url", ctx.base_url.rstrip("/"),
+           "--api-key", os.environ.get("OPENAI_API_KEY", "EMPTY"), "--eval-type", "openai_api",
+           "--datasets", spec.name, "--work-dir", str(work_dir),
+           "--seed", str(ctx.seed), "--eval-batch-size", str(ctx.batch_size),
+           "--generation-config", json.dumps(gen)]
+    if spec.name in EVALSCOPE_DATASET_ARGS:
+        cmd += ["--dataset-args", json.dumps({spec.name: EVALSCOPE_DATASET_ARGS[spec.name]})]
+    if ctx.limit:
+        cmd += ["--limit", str(ctx.limit)]
+    return [*cmd, "--no-timestamp"]  # results land in work_dir itself, where spade reads them
+
+
+def evalscope_rows(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[Eval]:
+    """Rows from evalscope's ``reports/<model>/<dataset>.json`` (report schema v1 or v2)."""
+    rows = []
+    for path in sorted(work_dir.rglob("reports/**/*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpadeError(f"{path}: unreadable evalscope report: {exc}") from None
+        for metric in report.get("metrics") or []:
+            ident = metric.get("identity") or {}
+            name = metric.get("legacy_name") or metric.get("name") or ident.get("name") or "score"
+            dims = ident.get("dimensions") or {}
+            if dims:
+                name += "," + ",".join(f"{k}={v}" for k, v in sorted(dims.items()))
+            rows.append(ctx.row(spec, name, finite(metric.get("score")), "evalscope", n=metric.get("num"),
+                                report=str(path)))
+    if not rows:
+        raise SpadeError(f"{spec.label}: evalscope wrote no report under {work_dir}")
+    return rows
+
+
+def run_evalscope(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    work_dir = ctx.side_dir("evalscope", spec)
+    cmd = evalscope_command(spec, ctx, work_dir)
+    if shutil.which(cmd[0]) is None and not Path(cmd[0]).exists():
+        raise SpadeError(f"{spec.label} needs evalscope ({cmd[0]!r} not found): install it in its own "
+                         "environment (pip install 'evalscope[app]') and pass --evalscope-bin PATH")
+    ctx.log("running " + " ".join(cmd))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "spade_evalscope.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SpadeError(f"{spec.label}: evalscope exited {proc.returncode}; see {work_dir / 'spade_evalscope.log'}")
+    return evalscope_rows(spec, ctx, work_dir)
+
+
+# -- held-out environments ---------------------------------------------------------------------
+
+def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    """Mean unhinted return over a held-out suite, played by the rollout stage's own core.
+
+    The rollout core plays every env k times without the hint and k times with it on the same
+    seeds; the unhinted mean is the score, the hinted mean is kept as a second metric. Its
+    episodes go to ``OUT.envs/<suite>.rollouts.jsonl``, resumable like any rollout.
+    """
+    try:
+        from spade_cli.episodes import PlayConfig
+        from spade_cli.sandbox import SandboxPool  # noqa: F401 - the rollout core needs it
+        from stages import rollout
+    except ImportError as exc:
+        raise SpadeError(f"envs: tasks need the rollout stage and the sandbox, missing here: {exc}") from None
+
+    suite = Path(spec.name)
+    if not suite.exists():
+        raise SpadeError(f"{spec.label}: no such file")
+    out = ctx.side_dir("envs", spec).with_suffix(".rollouts.jsonl")
+    play = PlayConfig(max_turns=ctx.max_turns, max_new_tokens=ctx.max_tokens or 512,
+                      temperature=ctx.temperature, seed=ctx.seed)
+    rollout.run(ctx.model, [suite], out, k=ctx.k, seed=ctx.seed, backend=ctx.backend, base_url=ctx.base_url,
+                play=play, force=ctx.force, backend_obj=ctx.generator())
+
+    episodes = read_records(out, expect="spade.rollout")
+    rows = []
+    for side, hinted in (("unhinted_return", False), ("hinted_return", True)):
+        values = [e.return_ for e in episodes if e.hinted is hinted]
+        mean, stderr = mean_stderr(values)
+        rows.append(ctx.row(spec, side, mean, "spade-rollout", stderr=stderr, n=len(values),
+                            envs=len({e.env_id for e in episodes}), k=ctx.k))
+    return rows
+
+
+ADAPTERS: dict[str, Callable[[TaskSpec, EvalContext], list[Eval]]] = {
+    "lm": run_lm, "rg": run_rg, "envs": run_envs, "evalscope": run_evalscope,
+}
 
 
 def resolve_tasks(tasks: str | list[str] | None, preset: str | None) -> list[TaskSpec]:

@@ -13,14 +13,13 @@ from spade_cli.artifacts import SpadeError
 from spade_cli.evaluators import (
     EvalContext,
     TaskSpec,
-    evalscope_command,
-    evalscope_rows,
     extract_answer,
     lm_rows,
     mean_stderr,
     parse_spec,
     parse_specs,
 )
+from stages.eval import evalscope_command, evalscope_rows
 from tests.conftest import run_spade
 
 HALF = '''
@@ -205,7 +204,7 @@ def test_evalscope_command_and_report_parsing(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_evalscope_adapter_runs_the_given_executable(tmp_path: Path) -> None:
     """A stand-in executable with evalscope's CLI shape: checks the subprocess plumbing end to end."""
-    from spade_cli.evaluators import run_evalscope
+    from stages.eval import run_evalscope
 
     fake = tmp_path / "fake_evalscope.py"
     fake.write_text(
