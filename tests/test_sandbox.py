@@ -167,3 +167,39 @@ def test_doctor_json_and_table() -> None:
     table = run_spade("doctor")
     assert table.returncode == 0 and "sandbox tier" in table.stderr
     assert json.loads(table.stdout)["tier"] == report["tier"]["tier"]
+
+
+@pytest.mark.unit
+def test_readable_by_others(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    (closed / "inner").mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    assert confine.readable_by_others(["/usr"])
+    assert not confine.readable_by_others([str(closed / "inner")])
+    assert not confine.readable_by_others([str(tmp_path / "missing")])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens only when spade runs as root")
+def test_drop_privileges_in_a_child(tmp_path: Path) -> None:
+    """The root path env processes take when the interpreter is world-readable: uid/gid 65534."""
+    work = tmp_path / "w"
+    work.mkdir()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            confine.drop_privileges(str(work))
+            ok = os.getresuid() == (65534,) * 3 and os.getresgid() == (65534,) * 3 and os.getgroups() == []
+            try:
+                os.setuid(0)
+            except PermissionError:
+                code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert work.stat().st_uid == 65534

@@ -181,6 +181,8 @@ def play_case(pool: SandboxPool, code: str, case: Case) -> tuple[str, list[str],
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hostile_case(tier_pool, case: Case) -> None:
     pool, host = tier_pool
+    if case.needs == "landlock" and pool.tier == "process" and not pool.config.landlock:
+        pytest.skip("Landlock unavailable: the process tier cannot hide host files (a recorded warning)")
     grader_before = (host.victim_dir / "grader.py").read_text()
     outcome, observations, output = play_case(pool, host.render(case), case)
     # (a) the verdict

@@ -70,7 +70,7 @@ class SandboxConfig:
     cpu_s: int = 300                  # RLIMIT_CPU backstop over a worker's whole life
     fsize_mb: int = 16
     nofile: int = 64
-    nproc: int = 64                   # only enforced when the env runs as a non-root uid
+    nproc: int = 1024                 # per uid, threads included; fork is denied by seccomp anyway
     max_obs_chars: int = 65536
     max_action_chars: int = 16384     # longer agent actions are truncated before `step`
     max_output_bytes: int = 1 << 20   # env stdout+stderr per worker before `output_flood`

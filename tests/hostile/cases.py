@@ -22,6 +22,7 @@ class Case:
     expect: frozenset
     steps: int = 3
     action: str = "go"
+    needs: str = ""  # "landlock": in the process tier only Landlock hides the host's files
 
 
 def _indent(body: str, n: int) -> str:
@@ -49,8 +50,8 @@ def attack(body: str, top: str = "") -> str:
     return env(step=step, top=top)
 
 
-def C(name: str, code: str, *expect: str, steps: int = 3, action: str = "go") -> Case:
-    return Case(name, code, frozenset(expect), steps, action)
+def C(name: str, code: str, *expect: str, steps: int = 3, action: str = "go", needs: str = "") -> Case:
+    return Case(name, code, frozenset(expect), steps, action, needs)
 
 
 CASES = [
@@ -95,8 +96,8 @@ CASES = [
     C("ipv6_connect", attack("socket.create_connection(('::1', __TCP_PORT__), timeout=1)",
                              top="import socket"), "blocked"),
     # -- secrets and files -----------------------------------------------------------------------
-    C("read_passwd", attack("res = open('/etc/passwd').read()\nraise SystemExit(res)"), "blocked"),
-    C("read_secret_file", attack("raise SystemExit('escaped ' + open('__SECRET_FILE__').read())"), "blocked"),
+    C("read_passwd", attack("res = open('/etc/passwd').read()\nraise SystemExit(res)"), "blocked", needs="landlock"),
+    C("read_secret_file", attack("raise SystemExit('escaped ' + open('__SECRET_FILE__').read())"), "blocked", needs="landlock"),
     C("env_var_secret", env(ret="return 'env:' + repr(dict(os.environ)), 0.0, True, False, {}",
                             top="import os"), "ok"),
     C("proc_environ_scan", attack("found = []\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n"
@@ -104,13 +105,13 @@ CASES = [
                                   "        except OSError:\n            pass\n"
                                   "if not any('__SECRET__' in f for f in found):\n"
                                   "    raise PermissionError('nothing readable')\nraise SystemExit('escaped')",
-                                  top="import os"), "blocked"),
-    C("append_to_grader", attack("open('__VICTIM_DIR__/grader.py', 'a').write('hacked = True\\n')"), "blocked"),
-    C("create_file_outside", attack("open('__MARKER__', 'w').write('x')"), "blocked"),
-    C("create_file_in_tmp", attack("open('/tmp/spade-hostile-escape', 'w').write('x')"), "blocked"),
+                                  top="import os"), "blocked", needs="landlock"),
+    C("append_to_grader", attack("open('__VICTIM_DIR__/grader.py', 'a').write('hacked = True\\n')"), "blocked", needs="landlock"),
+    C("create_file_outside", attack("open('__MARKER__', 'w').write('x')"), "blocked", needs="landlock"),
+    C("create_file_in_tmp", attack("open('/tmp/spade-hostile-escape', 'w').write('x')"), "blocked", needs="landlock"),
     C("open_gpu_device", attack("open('/dev/nvidia0', 'rb')"), "blocked"),
     C("read_own_workdir_parent", attack("raise SystemExit('escaped ' + repr(os.listdir('..')))",
-                                        top="import os"), "blocked"),
+                                        top="import os"), "blocked", needs="landlock"),
     # -- processes and signals ---------------------------------------------------------------------
     C("subprocess_shell", attack("subprocess.run(['/bin/sh', '-c', 'touch __MARKER__'])",
                                  top="import subprocess"), "blocked"),
