@@ -65,15 +65,15 @@ def test_rollout_resumes_after_kill_9_without_duplicates(tiny_model, tmp_path):
     envs = tmp_path / "validated.jsonl"
     write_envs(envs, [validation_row(GUESS), validation_row(GUESS.replace("0 to 9", "zero to nine"))])
     out = tmp_path / "rollouts.jsonl"
-    args = ["rollout", "--model", tiny_model, "--envs", envs, "--k", "4", "--out", out, *FAST,
-            "--max-concurrent", "2"]
+    args = ["rollout", "--model", tiny_model, "--envs", envs, "--k", "3", "--out", out, *FAST,
+            "--max-concurrent", "4"]
     proc = subprocess.Popen([sys.executable, "-m", "spade_cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     partial = None
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         parts = list(tmp_path.glob("rollouts.jsonl.partial-*"))
-        if parts and len(parts[0].read_bytes().splitlines()) >= 3:
+        if parts and len(parts[0].read_bytes().splitlines()) >= 2:
             partial = parts[0]
             break
         time.sleep(0.05)
@@ -82,16 +82,16 @@ def test_rollout_resumes_after_kill_9_without_duplicates(tiny_model, tmp_path):
     proc.wait()
     before = {json.loads(line)["episode_id"] for line in partial.read_bytes().splitlines()
               if line.endswith(b"}")}
-    assert 3 <= len(before) < 16 and not out.exists()
+    assert 1 <= len(before) < 12 and not out.exists()
 
     res = run_spade(*args)
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     rows = _rows(out)
     ids = [r["episode_id"] for r in rows]
-    assert len(ids) == len(set(ids)) == 16
+    assert len(ids) == len(set(ids)) == 12
     assert before <= set(ids) and summary["resumed"] >= len(before) - 1  # a torn last line is replayed
-    assert summary["played"] + summary["resumed"] == 16
+    assert summary["played"] + summary["resumed"] == 12
 
 
 @pytest.mark.integration

@@ -13,6 +13,7 @@ from spade_cli.episodes import Engine, EnvSource, PlayConfig, episode_specs, to_
 from spade_cli.records import env_id_for
 from tests.test_rollout_envs import CRASHER, GUESS, HINT, RAISER, StandInError, StandInPool
 
+NEVER = GUESS.replace("int(self.np_random.integers(0, 10))", "10 + int(self.np_random.integers(0, 10))")
 BOOM = GUESS.replace("        self.t += 1\n", "        self.t += 1\n        if 'boom' in action:\n"
                      "            raise SystemExit(3)\n", 1)
 
@@ -95,7 +96,7 @@ def test_tokens_align_with_the_rendered_chat_and_the_hint_stays_out(hf):
 
 @pytest.mark.integration
 def test_context_budget_truncates_and_is_never_exceeded(hf):
-    envs = _envs(GUESS)
+    envs = _envs(NEVER)  # unsolvable: only the budget can end these episodes
     probe, _, _ = _play(hf, envs, k=1, max_turns=1, max_new_tokens=4)
     budget = max(len(r.tokens["prompt_ids"]) for r in probe) + 40
     rows, _, _ = _play(hf, envs, k=1, max_turns=50, max_new_tokens=16, max_episode_tokens=budget)
@@ -138,3 +139,15 @@ def test_a_dying_worker_is_replaced_and_its_other_episodes_replayed(tiny_model):
     assert len(alive.turns) >= 2 and not stats.quarantined
     # the replay reset the survivor on the new worker with its own seed
     assert pool.resets.count((alive.episode_id, alive.seed)) == 2
+
+
+@pytest.mark.integration
+def test_an_observation_that_leaks_the_hint_ends_the_episode(tiny_model):
+    from spade_cli.backends.fake import FakeBackend
+
+    leak = GUESS.replace('return "correct"', 'return "correct"').replace(
+        'f"wrong, try {hint} (turn {self.t})"', f'"wrong. {HINT}"')
+    rows, stats, _ = _play(FakeBackend(str(tiny_model), outputs=["x"]), _envs(leak), k=1, quarantine_after=9)
+    assert [r.error for r in rows] == ["hint_leak", "hint_leak"]
+    unhinted = next(r for r in rows if not r.hinted)
+    assert HINT not in str(unhinted.messages)  # the leaking observation never reaches the chat
