@@ -35,6 +35,7 @@ def test_rollout_cli_pairs_episodes_survives_a_crash_and_is_up_to_date(tiny_mode
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["status"] == "ok" and summary["episodes"] == 8 and summary["envs"] == 2
+    assert "rollout: 8/8 episodes" in res.stderr  # no TTY: log lines, not a bar
     assert summary["skipped"]["invalid"] == 1 and summary["sandbox_tier"] in ("process", "strong")
     rows = _rows(out)
     assert len({r["episode_id"] for r in rows}) == 8
