@@ -89,6 +89,17 @@ def success_rate(returns: Sequence[float], threshold: float) -> float | None:
     return sum(r >= threshold for r in returns) / len(returns) if returns else None
 
 
+def env_stats(st: dict | None, threshold: float) -> dict:
+    """``regret_stats`` plus success rates and error counts from one env's streamed episodes
+    (``{"h": {pair: [returns]}, "u": {...}, "h_err": int, "u_err": int}``, or None for none)."""
+    st = st or {"h": {}, "u": {}, "h_err": 0, "u_err": 0}
+    out = regret_stats(st["h"], st["u"])
+    out["unhinted_success"] = success_rate([r for rs in st["u"].values() for r in rs], threshold)
+    out["hinted_success"] = success_rate([r for rs in st["h"].values() for r in rs], threshold)
+    out["hinted_errors"], out["unhinted_errors"] = st["h_err"], st["u_err"]
+    return out
+
+
 def learnability(p: float) -> float:
     return p * (1.0 - p)
 

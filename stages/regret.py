@@ -135,10 +135,9 @@ def _episode(path: Path, lineno: int, raw: bytes) -> tuple[str, bool, int, float
 
 
 def _fast_decoder() -> Callable[[bytes], tuple | None] | None:
-    """With msgspec installed, a decoder that reads only the five fields and skips the rest in C
-    (about 5x faster than json.loads on a rollout row). It returns None for anything it does not
-    accept outright, and the row then goes through ``_episode``, which names the exact problem, so
-    both paths accept and refuse the same rows."""
+    """With msgspec installed, a decoder of the five fields that skips the rest in C (~5x faster than
+    json.loads). It returns None for anything it does not accept outright; ``_episode`` then reads
+    the row and names the exact problem, so both paths accept and refuse the same rows."""
     try:
         import msgspec
     except ImportError:
@@ -225,15 +224,6 @@ def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
     return envs, fps
 
 
-def env_stats(st: dict | None, threshold: float) -> dict:
-    st = st or {"h": {}, "u": {}, "h_err": 0, "u_err": 0}
-    out = curriculum.regret_stats(st["h"], st["u"])
-    out["unhinted_success"] = curriculum.success_rate([r for rs in st["u"].values() for r in rs], threshold)
-    out["hinted_success"] = curriculum.success_rate([r for rs in st["h"].values() for r in rs], threshold)
-    out["hinted_errors"], out["unhinted_errors"] = st["h_err"], st["u_err"]
-    return out
-
-
 # -- memory ----------------------------------------------------------------------------------------
 def load_memory(path: Path | None) -> list[dict]:
     if path is None or not path.exists():
@@ -254,7 +244,8 @@ def _kept(rows: list[dict], iteration: int) -> list[dict]:
 def memory_fingerprint(path: Path, rows: list[dict], iteration: int) -> dict:
     base = _kept(strip_iteration(rows, iteration), iteration)
     digest = hashlib.sha256(json.dumps(base, sort_keys=True).encode()).hexdigest()
-    return {"path": str(path), "sha256": digest, "rows": len(base), "kind": f"memory without iteration {iteration}"}
+    return {"path": str(path), "sha256": digest, "rows": len(base),
+            "kind": f"memory without iteration {iteration}"}
 
 
 def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_envs: dict[str, Validation],
@@ -284,16 +275,15 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
 
 # -- the stage -------------------------------------------------------------------------------------
 def _iteration_of(envs: list[Validation], given: int | None) -> int:
-    if given is not None:
-        return given
     seen = {r.iteration for r in envs}
-    if len(seen) > 1:
+    if given is None and len(seen) > 1:
         raise SpadeError(f"--envs rows come from iterations {sorted(seen)}; pass --iteration")
-    return seen.pop() if seen else 0
+    return given if given is not None else (seen.pop() if seen else 0)
 
 
-def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, memory: str | Path | None = None,
-        signal: str = "regret", clip_negative: bool = False, invalid_reward: float = -1.0,
+def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
+        memory: str | Path | None = None, signal: str = "regret", clip_negative: bool = False,
+        invalid_reward: float = -1.0,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
         embedding: str = "tfidf", force: bool = False) -> dict:
@@ -317,7 +307,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, m
 
     config = {"signal": signal, "clip_negative": clip_negative, "invalid_reward": invalid_reward,
               "iteration": it, "success_threshold": success_threshold, "replay": replay,
-              "replay_out": str(replay_path) if replay_path else None, "replay_temperature": replay_temperature,
+              "replay_out": str(replay_path) if replay_path else None,
+              "replay_temperature": replay_temperature,
               "replay_staleness": replay_staleness, "embedding": embedding,
               "memory": str(mem_path) if mem_path else None}
     stage = Stage(STAGE, out, config, force=force, started=t0)
@@ -331,21 +322,24 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, m
             return {**old.get("summary", {}), "status": "up to date", "out": str(out)}
         stage.force = True  # a side output was lost or rolled back: redo, the merge is idempotent
 
-    stats = {env_id: env_stats(per_env.get(env_id), success_threshold) for env_id in valid}
+    stats = {e: curriculum.env_stats(per_env.get(e), success_threshold) for e in valid}
     played = {e: s for e, s in stats.items() if s["hinted_n"] or s["unhinted_n"]}
-    replayed = {e: env_stats(st, success_threshold) for e, st in per_env.items() if e not in valid}
+    replayed = {e: curriculum.env_stats(st, success_threshold) for e, st in per_env.items()
+                if e not in valid}
     merged = merge_memory(mem_rows, it, {**played, **replayed}, valid)
-    history = {r["env_id"]: [h["unhinted_success"] for h in r["history"] if h.get("unhinted_success") is not None]
-               for r in merged}
+    # the unhinted success per iteration for ema_lp; merged holds every played env even without --memory
+    history = {r["env_id"]: [h["unhinted_success"] for h in r["history"]
+                             if h.get("unhinted_success") is not None] for r in merged}
 
     rows, warnings = [], []
     for rec in designs:
-        s = stats.get(rec.env_id) if rec.valid else env_stats(per_env.get(rec.env_id), success_threshold)
+        s = stats[rec.env_id] if rec.valid else curriculum.env_stats(per_env.get(rec.env_id),
+                                                                     success_threshold)
         note = None
         if not rec.valid:
             reward, note = invalid_reward, f"invalid: {rec.reason or rec.parse_error or 'unknown'}"
         else:
-            s_hist = history.get(rec.env_id) or ([s["unhinted_success"]] if s["unhinted_success"] is not None else [])
+            s_hist = history.get(rec.env_id, [])
             reward = curriculum.designer_reward(signal, {**s, "success_history": s_hist}, clip_negative)
             if reward is None:
                 note = "no rollouts" if not (s["hinted_n"] or s["unhinted_n"]) else "one side has no rollouts"
@@ -354,14 +348,16 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, m
         score = Score(env_id=rec.env_id, iteration=it, signal=signal, hinted_mean=s["hinted_mean"],
                       unhinted_mean=s["unhinted_mean"], hinted_n=s["hinted_n"], unhinted_n=s["unhinted_n"],
                       regret=s["regret"], regret_ci95=s["regret_ci95"], designer_reward=float(reward),
-                      extra={"valid": rec.valid, "paired": s["paired"], "unhinted_success": s["unhinted_success"],
+                      extra={"group_id": rec.group_id, "sample": rec.sample, "valid": rec.valid,
+                             "paired": s["paired"], "unhinted_success": s["unhinted_success"],
                              "hinted_success": s["hinted_success"], "hinted_errors": s["hinted_errors"],
                              "unhinted_errors": s["unhinted_errors"], "note": note})
         rows.append(to_row(score))
 
     from spade_cli import diversity
 
-    texts = [diversity.design_text(r.title, r.code, r.hint) for r in designs if r.valid and "replay" not in r.extra]
+    texts = [diversity.design_text(r.title, r.code, r.hint) for r in designs
+             if r.valid and "replay" not in r.extra]
     div = diversity.diversity(texts, embedding)
 
     done = stage.resume()
@@ -378,7 +374,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, m
     picked = []
     if replay_path:
         invalid_now = {r.env_id for r in designs if not r.valid}
-        picked = curriculum.select_replay(merged, it, replay, invalid_now, replay_temperature, replay_staleness)
+        picked = curriculum.select_replay(merged, it, replay, invalid_now, replay_temperature,
+                                          replay_staleness)
         write_jsonl(replay_path, picked)
         side[str(replay_path)] = sha256_file(replay_path)
 
@@ -387,7 +384,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path, m
     summary = {"status": "ok", "stage": STAGE, "out": str(out), "rows": len(rows), "iteration": it,
                "signal": signal, "valid": len(valid), "invalid": len(designs) - sum(r.valid for r in designs),
                "no_rollouts": sum(1 for r in rows if r["note"] and "rollouts" in r["note"]),
-               "episodes": sum(len(v) for st in per_env.values() for side in ("h", "u") for v in st[side].values()),
+               "episodes": sum(len(v) for st in per_env.values() for k in ("h", "u") for v in st[k].values()),
                "replayed_played": len(replayed),
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_path else None, "replay": len(picked),

@@ -15,7 +15,8 @@ PANEL_REPLAY = "Memory and replay"
 
 def regret(
     envs: Annotated[list[str], typer.Option("--envs", help="validated.jsonl (several files or a glob).")],
-    rollouts: Annotated[list[str], typer.Option("--rollouts", help="Rollout JSONL: files, shards or a glob.")],
+    rollouts: Annotated[list[str], typer.Option(
+        "--rollouts", help="Rollout JSONL: files, shards or a glob.")],
     out: OutFileOpt,
     memory: Annotated[Path | None, typer.Option(
         "--memory", dir_okay=False, rich_help_panel=PANEL_REPLAY,
@@ -26,7 +27,8 @@ def regret(
     clip_negative: Annotated[bool, typer.Option(
         "--clip-negative", rich_help_panel=PANEL_SIGNAL, help="Clip a negative regret reward to 0.")] = False,
     invalid_reward: Annotated[float, typer.Option(
-        "--invalid-reward", rich_help_panel=PANEL_SIGNAL, help="Reward of invalid designs and parse failures.")]
+        "--invalid-reward", rich_help_panel=PANEL_SIGNAL,
+        help="Reward of invalid designs and parse failures.")]
     = -1.0,
     success_threshold: Annotated[float, typer.Option(
         "--success-threshold", rich_help_panel=PANEL_SIGNAL,
@@ -62,7 +64,8 @@ def regret(
     if replay and replay_out is None:
         raise typer.BadParameter("--replay K needs --replay-out FILE", param_hint="--replay-out")
     summary = stage.run(envs, rollouts, out, memory=memory, signal=signal, clip_negative=clip_negative,
-                        invalid_reward=invalid_reward, iteration=iteration, success_threshold=success_threshold,
+                        invalid_reward=invalid_reward, iteration=iteration,
+                        success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
                         replay_staleness=replay_staleness, embedding=embedding, force=force)
     if summary.get("status") == "ok":
