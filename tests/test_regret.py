@@ -166,3 +166,21 @@ def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> 
     path.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "pair": True}) + "\n")
     with pytest.raises(InputError, match=r"r.jsonl:2: pair must be an integer"):
         stage.scan_rollouts([path], {"a"})
+
+
+def test_rows_written_by_the_rollout_record_take_the_fast_path(tmp_path) -> None:
+    from spade_cli.artifacts import dumps
+    from spade_cli.records import Rollout
+
+    rec = Rollout(episode_id="e", env_id="a", iteration=0, hinted=True, seed=5, pair=2, return_=0.75,
+                  messages=[{"role": "user", "content": 'say "}" please'}],
+                  turns=[{"action": "}", "observation": "{", "reward": 0.75}],
+                  tokens={"prompt_ids": [1] * 50, "completion_ids": [2] * 50, "env_mask": [1, 0] * 25,
+                          "logprobs": [-0.1, None] * 25})
+    raw = dumps(rec).encode()
+    cut = stage._cut_tokens(raw)
+    assert len(cut) < len(raw) / 2 and json.loads(cut)["tokens"] is None
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(raw + b"\n")
+    envs, _ = stage.scan_rollouts([path], {"a"})
+    assert dict(envs["a"]["h"]) == {2: [0.75]}

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def _env(name: str, valid: bool = True, reason: str | None = None, iteration: int = 0) -> dict:
     code = None if reason == "no_code" else f"class {name}(gym.Env):\n    # the {name} task\n    pass\n"
-    return to_row(Validation(code=code, hint=f"hint for {name}", title=name, doc={"id": f"doc-{name}"},
+    return to_row(Validation(code=code, hint=f"hint for {name}", title=name, doc={"id": f"doc-{name}"}, group_id="g0",
                              valid=valid, reason=reason, iteration=iteration))
 
 
@@ -72,6 +72,7 @@ def test_scores_memory_and_up_to_date(it0: dict) -> None:
     assert alpha["regret_ci95"] == pytest.approx(4.303 * 0.5 / math.sqrt(3))
     assert (alpha["hinted_n"], alpha["unhinted_n"], alpha["paired"]) == (3, 3, True)
     assert beta["designer_reward"] == 0.0 and beta["note"] == "no rollouts" and beta["regret"] is None
+    assert alpha["group_id"] == "g0" and alpha["sample"] == 0
     assert gamma["designer_reward"] == -1.0 and delta["designer_reward"] == -1.0
     manifest = json.loads((d / "scores.jsonl.manifest.json").read_text())
     assert manifest["diversity"]["vendi"] == summary["vendi"] and manifest["inputs"]["rollouts"][0]["rows"] == 3
