@@ -34,6 +34,8 @@ from typing import Any
 from spade_cli.backends import GenSample, Sampling
 
 DTYPES = ("bfloat16", "float16", "float32", "auto")
+_NOT_ENGINE = {"base_url", "api_key", "concurrency", "timeout", "served_model", "token_prompts", "device",
+               "batch_size"}
 
 
 class VLLMBackend:
@@ -62,7 +64,8 @@ class VLLMBackend:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        kwargs.update({k: v for k, v in engine_kwargs.items() if v is not None})
+        # Stages pass one set of options to whichever backend they load; keep the engine's own.
+        kwargs.update({k: v for k, v in engine_kwargs.items() if v is not None and k not in _NOT_ENGINE})
         self.llm = vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
