@@ -47,6 +47,7 @@ SYSTEM_PROMPT = (
     "solve the task: the environment rewards a solved task with a total reward of 1."
 )
 HINT_BLOCK = "\n\nA hint about this environment, written by its designer:\n{hint}"
+LEAK_NOTE = "[observation withheld: it contained the hint]"
 THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
@@ -343,19 +344,18 @@ class Engine:
             self._fail(ep, res)
             return False
         obs, reward, terminated, truncated, _info = res
-        ep.turns.append({"action": ep.pending, "observation": obs, "reward": float(reward)})
+        leak = self._leaks(ep.spec.env_id, obs)
+        ep.turns.append({"action": ep.pending, "observation": LEAK_NOTE if leak else obs,
+                         "reward": float(reward)})
         ep.ret += float(reward)
         self.stats.turns += 1
-        if self._leaks(ep.spec.env_id, obs):
+        if leak:  # the hint must never reach an unhinted episode, not even in its record
             self._fail(ep, "hint_leak")
-            return False
-        if not -1e-6 <= ep.ret <= 1 + 1e-6:
-            self._fail(ep, "return_out_of_range")
             return False
         cap_turns = len(ep.turns) >= self.cfg.max_turns
         ep.terminated, ep.truncated = bool(terminated), bool(truncated) or cap_turns
         if terminated or truncated or cap_turns:
-            self._finish(ep, "env" if terminated or truncated else "max_turns")
+            self._end(ep, "env" if terminated or truncated else "max_turns")
             return False
         ep.messages.append({"role": "user", "content": obs})
         before = (len(ep.messages), ep.text, len(ep.completion_ids))
@@ -365,9 +365,17 @@ class Engine:
             ep.text = before[1]
             del ep.completion_ids[before[2]:], ep.env_mask[before[2]:], ep.logprobs[before[2]:]
             ep.truncated = True
-            self._finish(ep, "max_episode_tokens")
+            self._end(ep, "max_episode_tokens")
             return False
         return True
+
+    def _end(self, ep: Episode, stop: str) -> None:
+        """A regular end; the return is checked against the contract's [0, 1] only here, since
+        rewards of either sign may be summed along the way."""
+        if not -1e-6 <= ep.ret <= 1 + 1e-6:
+            self._fail(ep, "return_out_of_range")
+        else:
+            self._finish(ep, stop)
 
     def _absorb(self, ep: Episode, sample: Any) -> None:
         """Append a sampled reply (cut to the context budget) and set the pending action."""

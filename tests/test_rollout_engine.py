@@ -150,4 +150,17 @@ def test_an_observation_that_leaks_the_hint_ends_the_episode(tiny_model):
     rows, stats, _ = _play(FakeBackend(str(tiny_model), outputs=["x"]), _envs(leak), k=1, quarantine_after=9)
     assert [r.error for r in rows] == ["hint_leak", "hint_leak"]
     unhinted = next(r for r in rows if not r.hinted)
-    assert HINT not in str(unhinted.messages)  # the leaking observation never reaches the chat
+    assert HINT not in str(unhinted.messages) + str(unhinted.turns)  # nor the record
+
+
+@pytest.mark.integration
+def test_a_return_outside_zero_one_is_an_error(tiny_model):
+    from spade_cli.backends.fake import FakeBackend
+
+    greedy = GUESS.replace('return "correct", 1.0, True', 'return "correct", 1.0, True').replace(
+        'return f"wrong, try {hint} (turn {self.t})", 0.0, False, self.t >= 6, {}',
+        'return "wrong", 0.75, False, False, {}')
+    rows, _, _ = _play(FakeBackend(str(tiny_model), outputs=["x"]), _envs(greedy), k=1, max_turns=2,
+                       quarantine_after=9, error_return=0.0)
+    assert all(r.error == "return_out_of_range" and r.return_ == 0.0 and len(r.turns) == 2 for r in rows)
+    assert all(sum(t["reward"] for t in r.turns) == 1.5 for r in rows)

@@ -108,8 +108,7 @@ def rollout(
 ) -> None:
     """Play each valid environment k times without and k times with its hint, on the same seeds.
 
-    All active episodes take a turn together (one batched generate call per turn); env steps run
-    in sandboxed workers. A rerun after a crash plays only the missing episodes.
+    All active episodes take a turn together (one batched generate call per turn); env steps run in sandboxed workers. A rerun after a crash plays only the missing episodes.
 
     Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 4 --out rollouts.jsonl[/]
     """
