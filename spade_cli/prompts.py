@@ -119,9 +119,12 @@ def format_answer(title: str, code: str, hint: str) -> str:
     return f"Title: {title}\n```python\n{code.rstrip()}\n```\nHint: {hint.strip()}\n"
 
 
-def build_messages(example: dict, doc_text: str | None, memory_text: str | None) -> list[dict]:
-    """The Designer prompt as chat messages. ``example`` is ``{title, code, hint}``."""
-    parts = [INTRO_EXAMPLE, format_answer(example["title"], example["code"], example["hint"]).rstrip()]
+def build_messages(example: dict | None, doc_text: str | None, memory_text: str | None) -> list[dict]:
+    """The Designer prompt as chat messages. ``example`` is ``{title, code, hint}``, or None for a
+    compact prompt without a worked example (the system message still states the format)."""
+    parts = []
+    if example:
+        parts += [INTRO_EXAMPLE, format_answer(example["title"], example["code"], example["hint"]).rstrip()]
     if doc_text is not None:
         parts.append("Ground the new environment in this document: take its domain, entities, rules "
                       "or procedures as the material of the task.\n<document>\n" + doc_text.strip()

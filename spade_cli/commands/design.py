@@ -58,6 +58,9 @@ def design(
     pool: Annotated[str | None, typer.Option(
         "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', a "
         "designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
+    example: Annotated[bool, typer.Option(
+        "--example/--no-example", help="Show a worked example from the bundled pool in the prompt "
+        "(off: a compact prompt, e.g. for a small warm-started model).")] = True,
     chunk: Annotated[int, typer.Option(
         "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0)]
     = 0,
@@ -88,7 +91,7 @@ def design(
                             memory=mem, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
                             temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
-                            chunk=chunk, memory_k=memory_k, config=cfg, force=force)
+                            chunk=chunk, memory_k=memory_k, example=example, config=cfg, force=force)
     if summary.get("status") == "ok":
         parsed = summary.get("parsed", summary["rows"])
         console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")
