@@ -65,6 +65,15 @@ for ((i = 0; i < ITERS; i++)); do
   designs="$(path "$i" designs)"; validated="$(path "$i" validated)"; rollouts="$(path "$i" rollouts)"
   scores="$(path "$i" scores)"; memory="$(path "$i" memory)"; next="$(path "$i" next_ckpt)"
   replay_prev="$(path $((i > 0 ? i - 1 : 0)) replay)"
+  eval_due=0
+  ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)) && eval_due=1
+  eval_out="$(path $((i + 1)) eval)"
+  # A finished iteration is skipped as a whole: its stages are final, and the memory has moved on
+  # since (regret would rightly refuse to re-merge an old iteration into a newer memory).
+  if [[ -f "$next.manifest.json" ]] && { ((eval_due == 0)) || [[ -f "$eval_out.manifest.json" ]]; }; then
+    echo "== iteration $i: done" >&2
+    continue
+  fi
   echo "== iteration $i (model: $ckpt)" >&2
 
   # design: a fixed pool (baselines) or the Designer, grounded and memory-conditioned by default
@@ -114,11 +123,11 @@ for ((i = 0; i < ITERS; i++)); do
   $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" \
     --scores "$scores" --out "$next" "${update_flags[@]}" $UPDATE_ARGS
 
-  if ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)); then
+  if ((eval_due)); then
     eval_flags=(--tasks "$EVAL_TASKS" "${backend_flags[@]}")
     [[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
     # shellcheck disable=SC2086
-    "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$(path $((i + 1)) eval)" $EVAL_ARGS
+    "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
   fi
 done
 
