@@ -130,3 +130,59 @@ def test_vllm_eos_kept_and_stop_strings_cut(engine):
                                                                stop=(stop,)))
     assert cut.finish_reason == "stop" and cut.text == text[:text.find(stop)]
     assert cut.token_ids == free.token_ids[:len(cut.token_ids)]
+
+
+@pytest.mark.vllm_cpu
+def test_openai_backend_token_mode_against_vllm_server(tiny_model, reference, tmp_path):
+    """The openai backend against a real vLLM OpenAI server: token prompts, ids and log-probs exact."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import torch
+
+    if not HAVE_VLLM:
+        pytest.skip("vllm is not installed: run bash recipes/test_vllm_cpu.sh")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model), "--host",
+           "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+           "--logprobs-mode", "processed_logprobs", "--served-model-name", "tiny"]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"vLLM server exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"vLLM server not ready in 300 s:\n{log.read_text()[-3000:]}"
+                time.sleep(1)
+        backend = load_backend("openai", str(tiny_model), base_url=f"http://127.0.0.1:{port}", served_model="tiny")
+        prompts = _prompts(backend.tokenizer)
+        out = backend.generate(prompts, n=3, sampling=Sampling(temperature=0.7, max_tokens=24, seed=2))
+        again = backend.generate(prompts, n=3, sampling=Sampling(temperature=0.7, max_tokens=24, seed=2))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert backend.token_prompts is True and backend.requests == 6
+    assert [[s.token_ids for s in g] for g in out] == [[s.token_ids for s in g] for g in again]
+    worst = 0.0
+    for prompt, group in zip(prompts, out, strict=True):
+        assert len(group) == 3 and len({tuple(s.token_ids) for s in group}) > 1
+        for s in group:
+            assert "retokenized" not in s.extra
+            diff = _recompute(reference, prompt, s.token_ids, 0.7) - torch.tensor(s.logprobs)
+            worst = max(worst, diff.abs().max().item())
+    assert worst < 1e-3, f"max |served logprob - recomputed| = {worst}"
