@@ -172,3 +172,22 @@ def test_fake_backend_scripts_outputs_in_order(tmp_path, monkeypatch):
     assert [[s.text for s in g] for g in out] == [["alph", "bet"], ["gamm", "alph"]]
     assert [[s.finish_reason for s in g] for g in out] == [["length", "stop"], ["length", "length"]]
     assert fake.calls == 1 and fake.requests[0][1] == 2
+
+
+@pytest.mark.integration
+def test_hf_ignores_the_checkpoints_sampling_defaults(tiny_model, reference, tmp_path):
+    """A Qwen3-like generation_config (top_k, top_p, temperature) must not change what Sampling asks for."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "opinionated"
+    shutil.copytree(tiny_model, ckpt)
+    cfg = json.loads((ckpt / "generation_config.json").read_text())
+    cfg.update(top_k=3, top_p=0.5, temperature=0.3, repetition_penalty=1.5)
+    (ckpt / "generation_config.json").write_text(json.dumps(cfg))
+    backend = load_backend("hf", str(ckpt))
+    prompts = _prompts(backend.tokenizer)
+    out = backend.generate(prompts, n=2, sampling=Sampling(temperature=1.0, max_tokens=32, seed=2))
+    worst = max(abs(a - b) for p, g in zip(prompts, out, strict=True) for s in g
+                for a, b in zip(s.logprobs, _recompute(reference, p, s, 1.0), strict=True))
+    assert worst < 1e-3

@@ -115,7 +115,8 @@ class HFBackend:
         self.eos_ids = sorted(eos)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
-        # Neutral defaults: only Sampling decides temperature, top-p, top-k and penalties.
+        # Neutral defaults (no temperature, top-k, top-p or penalties): only Sampling decides, and
+        # generate's own warpers stay off so the recorder sees the final distribution.
         self.lm.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
@@ -162,7 +163,7 @@ class HFBackend:
             seqs = self.lm.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                 logits_processor=LogitsProcessorList(processors), do_sample=not greedy,
-                temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=sampling.max_tokens,
+                max_new_tokens=sampling.max_tokens,
                 eos_token_id=self.eos_ids, pad_token_id=self.pad_id, **kwargs)
         self.calls += 1
         lps = recorder.finalize(seqs, width)
