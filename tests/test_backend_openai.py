@@ -180,3 +180,33 @@ def test_unreachable_server_is_a_user_error(tiny_model):
     with pytest.raises(SpadeError, match="cannot reach http://127.0.0.1"):
         backend.generate([[1, 2, 3]], n=1, sampling=Sampling(max_tokens=2))
 
+
+
+class _FlakyOnce(_VLLMShaped):
+    """Answers 503 to the first request, as an overloaded server would, then behaves."""
+
+    failed = False
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not _FlakyOnce.failed:
+            _FlakyOnce.failed = True
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_POST()
+
+
+@pytest.mark.integration
+def test_server_error_is_retried(tiny_model):
+    _VLLMShaped.hf = load_backend("hf", str(tiny_model))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyOnce)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        backend = load_backend("openai", str(tiny_model), base_url=url, token_prompts=True)
+        [group] = backend.generate([[1, 2, 3]], n=2, sampling=Sampling(max_tokens=3, seed=0))
+        assert len(group) == 2 and _FlakyOnce.failed
+    finally:
+        server.shutdown()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,7 @@ class OpenAIBackend:
 
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", api_key: str | None = None,
                  concurrency: int = 8, timeout: float = 600.0, served_model: str | None = None,
-                 token_prompts: bool | None = None, **_: Any) -> None:
+                 token_prompts: bool | None = None, retries: int = 2, **_: Any) -> None:
         from transformers import AutoTokenizer
 
         self.model = str(model)
@@ -66,6 +67,7 @@ class OpenAIBackend:
         self.concurrency = max(1, int(concurrency))
         self.timeout = float(timeout)
         self.token_prompts = token_prompts
+        self.retries = max(0, int(retries))
         self.calls = 0
         self.requests = 0
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
@@ -80,14 +82,19 @@ class OpenAIBackend:
         req = urllib.request.Request(self.base_url + "/completions", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
         self.requests += 1
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode("utf-8", "replace")
-            raise _HTTPStatus(exc.code, f"{self.base_url}/completions answered {exc.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise SpadeError(f"openai backend: cannot reach {self.base_url}: {exc}") from None
+        for attempt in range(self.retries + 1):
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                detail = exc.read()[:500].decode("utf-8", "replace")
+                if exc.code < 500 or attempt == self.retries:
+                    raise _HTTPStatus(exc.code, f"{self.base_url}/completions answered {exc.code}: {detail}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                if attempt == self.retries:
+                    raise SpadeError(f"openai backend: cannot reach {self.base_url}: {exc}") from None
+            time.sleep(2 ** attempt)  # an overloaded or restarting server: back off, then retry
+        raise AssertionError("unreachable")
 
     def _common(self, sampling: Sampling) -> dict:
         body: dict[str, Any] = {"model": self.served_model, "max_tokens": sampling.max_tokens,
