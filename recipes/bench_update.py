@@ -36,7 +36,7 @@ def make_samples(model_dir: Path, n: int, group: int, prompt_len: int, completio
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stages.update import Sample
+    from spade_cli.grpo import Sample
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

@@ -1,4 +1,4 @@
-"""The GRPO family of losses and group-relative advantages, as pure tensor functions.
+"""The GRPO family of losses, group-relative advantages and batch layout, as pure functions.
 
 ``spade update`` trains one model in two roles from stored samples. This module holds the math and
 nothing else (no model, no files), so every formula can be checked by hand in a unit test:
@@ -11,6 +11,8 @@ nothing else (no model, no files), so every formula can be checked by hand in a 
   ``epsilon`` / ``epsilon_high`` and optional two-sided ``delta``, token or sequence (GSPO) level,
   plus the k3 KL estimate to a reference, weighted per sequence (the role weights).
 - ``aggregate``: the normalisations of TRL's ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``.
+- ``plan_steps`` and ``collate``: which samples go into which micro-batch on which process, and
+  the padded tensors of one micro-batch (prompts left-padded, completions right-padded, as in TRL).
 
 The formulas reproduce ``GRPOTrainer._compute_loss`` of TRL 1.16 term by term (same epsilons,
 ``1e-4`` std guard, Bessel-corrected std, KL added after the ratio is applied, bias-corrected KL),
@@ -28,7 +30,10 @@ Example::
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -159,3 +164,67 @@ def describe(values: torch.Tensor) -> dict[str, float | int]:
         return {"n": 0}
     return {"n": int(v.numel()), "mean": float(v.mean()), "std": float(v.std()) if v.numel() > 1 else 0.0,
             "min": float(v.min()), "max": float(v.max())}
+
+
+@dataclass
+class Sample:
+    role: str  # "agent" | "designer"
+    group: tuple
+    reward: float
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    mask: list[int]  # 1 = trained token
+    old_logps: list[float] | None  # sampler log-probs (0.0 where unknown and masked)
+    advantage: float = 0.0
+
+
+def plan_steps(n: int, batch_size: int, grad_accum: int, world: int, epochs: int, seed: int,
+               ) -> list[list[list[list[int | None]]]]:
+    """Optimizer steps -> per-process micro-batches (this plan is the same on every process).
+
+    Each step has exactly ``grad_accum`` micro-batches on every process, as
+    DeepSpeed and DDP need matching backward calls; a short last step is filled with ``None``
+    (a zero-weight stand-in).
+    """
+    bs, ga = batch_size, grad_accum
+    per_step = bs * ga * world
+    steps = []
+    for epoch in range(epochs):
+        order = list(range(n))
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        for start in range(0, n, per_step):
+            chunk = order[start:start + per_step]
+            ranks = []
+            for r in range(world):
+                mine = chunk[r::world]
+                ranks.append([mine[i * bs:(i + 1) * bs] or [None] for i in range(ga)])
+            steps.append(ranks)
+    return steps
+
+
+def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: Any) -> dict:
+    """Left-pad prompts and right-pad completions (TRL's layout); ``None`` rows become a
+    zero-weight, fully masked copy of ``fallback`` so every process runs the same backward calls."""
+    rows = [(s, 1.0) if s is not None else (fallback, 0.0) for s in batch]
+    P = max(len(s.prompt_ids) for s, _ in rows)
+    C = max(len(s.completion_ids) for s, _ in rows)
+    B = len(rows)
+    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + C), dtype=torch.long)
+    mask = torch.zeros((B, C))
+    old = torch.zeros((B, C))
+    adv, real = torch.zeros(B), torch.zeros(B)
+    for i, (s, live) in enumerate(rows):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids[i, P - p:P] = torch.tensor(s.prompt_ids)
+        ids[i, P:P + c] = torch.tensor(s.completion_ids)
+        attn[i, P - p:P + c] = 1
+        mask[i, :c] = torch.tensor(s.mask, dtype=torch.float) * live
+        old[i, :c] = torch.tensor(s.old_logps if s.old_logps is not None else [0.0] * c)
+        adv[i], real[i] = s.advantage, live
+    labels = torch.full_like(ids, -100)
+    labels[:, P:] = torch.where(mask > 0, ids[:, P:], -100)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # real positions start at 0 despite left padding
+    out = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "labels": labels,
+           "mask": mask, "old": old, "adv": adv, "real": real, "P": P}
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in out.items()}

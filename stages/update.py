@@ -33,16 +33,18 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spade_cli.artifacts import InputError, SpadeError, Stage, atomic_write_text, expand_inputs, read_rows
 from spade_cli.records import Design, Rollout, Score
+
+if TYPE_CHECKING:  # spade_cli.grpo imports torch: only inside functions here
+    from spade_cli.grpo import Sample
 
 
 @dataclass
@@ -83,18 +85,6 @@ class UpdateConfig:
     seed: int = 0
 
 
-@dataclass
-class Sample:
-    role: str  # "agent" | "designer"
-    group: tuple
-    reward: float
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    mask: list[int]  # 1 = trained token
-    old_logps: list[float] | None  # sampler log-probs (0.0 where unknown and masked)
-    advantage: float = 0.0
-
-
 def _ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
@@ -123,6 +113,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     import torch
 
     from spade_cli import grpo
+    from spade_cli.grpo import Sample
 
     counts: dict[str, dict[str, int]] = {"agent": {}, "designer": {}}
 
@@ -186,59 +177,6 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     return kept, counts
 
 
-def _plan(n: int, cfg: UpdateConfig, world: int, seed: int) -> list[list[list[int | None]]]:
-    """Optimizer steps -> per-process micro-batches (this plan is the same on every process).
-
-    Each step has exactly ``gradient_accumulation_steps`` micro-batches on every process, as
-    DeepSpeed and DDP need matching backward calls; a short last step is filled with ``None``
-    (a zero-weight stand-in).
-    """
-    bs, ga = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    per_step = bs * ga * world
-    steps = []
-    for epoch in range(cfg.num_iterations):
-        order = list(range(n))
-        random.Random(seed * 1000 + epoch).shuffle(order)
-        for start in range(0, n, per_step):
-            chunk = order[start:start + per_step]
-            ranks = []
-            for r in range(world):
-                mine = chunk[r::world]
-                ranks.append([mine[i * bs:(i + 1) * bs] or [None] for i in range(ga)])
-            steps.append(ranks)
-    return steps
-
-
-def _collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: Any) -> dict:
-    """Left-pad prompts and right-pad completions (TRL's layout); ``None`` rows become a
-    zero-weight, fully masked copy of ``fallback`` so every process runs the same backward calls."""
-    import torch
-
-    rows = [(s, 1.0) if s is not None else (fallback, 0.0) for s in batch]
-    P = max(len(s.prompt_ids) for s, _ in rows)
-    C = max(len(s.completion_ids) for s, _ in rows)
-    B = len(rows)
-    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, P + C), dtype=torch.long)
-    mask = torch.zeros((B, C))
-    old = torch.zeros((B, C))
-    adv, real = torch.zeros(B), torch.zeros(B)
-    for i, (s, live) in enumerate(rows):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        ids[i, P - p:P] = torch.tensor(s.prompt_ids)
-        ids[i, P:P + c] = torch.tensor(s.completion_ids)
-        attn[i, P - p:P + c] = 1
-        mask[i, :c] = torch.tensor(s.mask, dtype=torch.float) * live
-        old[i, :c] = torch.tensor(s.old_logps if s.old_logps is not None else [0.0] * c)
-        adv[i], real[i] = s.advantage, live
-    labels = torch.full_like(ids, -100)
-    labels[:, P:] = torch.where(mask > 0, ids[:, P:], -100)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # real positions start at 0 despite left padding
-    out = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "labels": labels,
-           "mask": mask, "old": old, "adv": adv, "real": real, "P": P}
-    return {k: v.to(device) if hasattr(v, "to") else v for k, v in out.items()}
-
-
 def _logps(model: Any, mb: dict) -> tuple[Any, Any]:
     """Per-token log-probs and entropies of the completion positions, at the training temperature,
     through TRL's fused LM head (the (B, L, vocab) logits never exist)."""
@@ -296,12 +234,14 @@ def _fill_old_logps(cfg: UpdateConfig, accelerator: Any, model: Any, samples: li
     with ``importance_sampling`` off): the ratio then starts at 1, as in TRL without vLLM."""
     import torch
 
+    from spade_cli import grpo
+
     todo = [s for s in samples if s.old_logps is None or not cfg.importance_sampling]
     bs = cfg.per_device_train_batch_size
     with torch.no_grad():
         for i in range(0, len(todo), bs):
             chunk = todo[i:i + bs]
-            mb = _collate(chunk, chunk[0], pad_id, accelerator.device)
+            mb = grpo.collate(chunk, chunk[0], pad_id, accelerator.device)
             with accelerator.autocast():
                 lp, _ = _logps(model, mb)
             for j, s in enumerate(chunk):
@@ -322,7 +262,7 @@ def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None]) 
     recomputed = _fill_old_logps(cfg, accelerator, model, samples, pad_id)
     mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
     weight = {"agent": cfg.agent_weight, "designer": cfg.designer_weight}
-    plan = _plan(len(samples), cfg, world, cfg.seed)
+    plan = grpo.plan_steps(len(samples), cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
     keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
     sums = torch.zeros(len(keys), dtype=torch.float64)
     grad_norms: list[float] = []
@@ -335,7 +275,7 @@ def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None]) 
         factor = ga * world if cfg.loss_type == "dapo" else ga * world / max(n_real_mb, 1)
         for mbatch in ranks[accelerator.process_index]:
             with accelerator.accumulate(model):
-                mb = _collate([None if i is None else samples[i] for i in mbatch], samples[real[0][0]],
+                mb = grpo.collate([None if i is None else samples[i] for i in mbatch], samples[real[0][0]],
                               pad_id, accelerator.device)
                 w = torch.tensor([0.0 if i is None else weight[samples[i].role] for i in mbatch],
                                  device=accelerator.device)

@@ -125,3 +125,18 @@ def test_clip_fractions_count_tokens_like_trl() -> None:
     out = grpo.clip_fractions(torch.exp(lp - old), _t([1.0, -1.0]), _t([[1.0, 1.0], [1.0, 0.0]]))
     assert {k: float(v) for k, v in out.items()} == {"clip_low": 1.0, "clip_high": 1.0, "clip_region": 2.0,
                                                      "tokens": 3.0}
+
+
+def test_plan_gives_every_process_the_same_number_of_micro_batches() -> None:
+    # 5 samples, 2 per micro-batch, 2 micro-batches per step, 1 process: a full step of 4, then a
+    # step with one sample and a stand-in micro-batch.
+    steps = grpo.plan_steps(5, batch_size=2, grad_accum=2, world=1, epochs=1, seed=0)
+    assert [[len(mb) for mb in ranks[0]] for ranks in steps] == [[2, 2], [1, 1]]
+    assert steps[1][0][1] == [None]
+    assert sorted(i for ranks in steps for mb in ranks[0] for i in mb if i is not None) == [0, 1, 2, 3, 4]
+    # 2 processes x 2 epochs: every sample once per epoch, processes interleaved within a step
+    steps = grpo.plan_steps(6, batch_size=1, grad_accum=2, world=2, epochs=2, seed=0)
+    assert len(steps) == 4 and all(len(r) == 2 and all(len(mbs) == 2 for mbs in r) for r in steps)
+    per_epoch = [sorted(i for ranks in steps[e * 2:(e + 1) * 2] for r in ranks for mb in r for i in mb
+                        if i is not None) for e in range(2)]
+    assert per_epoch == [[0, 1, 2, 3, 4, 5]] * 2
