@@ -112,7 +112,10 @@ def test_fresh_samples_have_ratio_one(artifacts: dict, tiny_model: Path, tmp_pat
     position ids and temperature line up, so nothing is clipped."""
     from stages import update
 
+    stale = tmp_path / ".ck.tmp-99999"  # what a run killed mid-save leaves behind
+    stale.mkdir()
     update.run(_config(artifacts, tiny_model, tmp_path / "ck", learning_rate=0.0))
+    assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ck", "ck.manifest.json"]
     report = json.loads((tmp_path / "ck" / "update.json").read_text())
     assert report["metrics"]["clip_ratio"] == {"low": 0.0, "high": 0.0, "region": 0.0}
     assert report["counts"]["agent"]["skipped_error"] == 1
