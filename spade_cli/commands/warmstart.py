@@ -1,0 +1,66 @@
+"""`spade warmstart`: teach a fresh model the Designer's answer format with a short SFT on a pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spade_cli.cli import (
+    PANEL_HELPERS,
+    ConfigOpt,
+    ForceOpt,
+    SeedOpt,
+    command,
+    console,
+    finish,
+    resolved_config,
+)
+
+
+def warmstart(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option("--model", help="Checkpoint to fine-tune (e.g. from init-model).")],
+    out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.", file_okay=False)],
+    pool: Annotated[str, typer.Option("--pool", help="'bundled' or a folder of NAME.py + NAME.hint.")]
+    = "bundled",
+    epochs: Annotated[int, typer.Option("--epochs", help="Passes over the pool (fresh documents each).", min=1)]
+    = 12,
+    learning_rate: Annotated[float, typer.Option("--learning-rate", help="Peak learning rate (cosine).")] = 2e-3,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Samples per step.", min=1)] = 2,
+    max_examples: Annotated[int | None, typer.Option("--max-examples", help="Use only the N shortest envs.")]
+    = None,
+    corpus: Annotated[str | None, typer.Option("--corpus", help="Grounding corpus (default: bundled).")] = None,
+    grounding: Annotated[bool, typer.Option("--grounding/--no-grounding", help="Documents in the prompts.")]
+    = True,
+    excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.")] = 300,
+    example: Annotated[bool, typer.Option("--example/--no-example",
+                                          help="Include the worked example in the prompts.")] = False,
+    enable_thinking: Annotated[bool, typer.Option("--enable-thinking/--no-enable-thinking")] = False,
+    seed: SeedOpt = 0,
+    config: ConfigOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Fine-tune a model on the example pool so it writes parseable environments (TRL SFTTrainer).
+
+    The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
+    --example and --enable-thinking there.
+
+    Example: [bold]spade warmstart --model ckpt/small --out ckpt/warm --epochs 12 --max-examples 6[/]
+    """
+    from stages import warmstart as stage
+
+    with console.status(f"warm-starting {model} on the {pool} pool"):
+        summary = stage.run(out, model=model, pool=pool, epochs=epochs, learning_rate=learning_rate,
+                            batch_size=batch_size, max_examples=max_examples, seed=seed, corpus=corpus,
+                            grounding=grounding, excerpt_chars=excerpt_chars, example=example,
+                            enable_thinking=enable_thinking, config=resolved_config(ctx), force=force)
+    if summary.get("status") == "ok":
+        console.print(f"[green]wrote[/] {out}: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
+                      f"{summary['final_loss']:.3f} in {summary['train_seconds']} s")
+    finish(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("warmstart", rich_help_panel=PANEL_HELPERS)(command(warmstart))

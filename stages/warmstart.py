@@ -1,0 +1,124 @@
+"""`spade warmstart`: a short supervised fine-tune that teaches a model the Designer's output format.
+
+A randomly initialised model (``spade init-model``) writes noise, so every design would fail to
+parse and the loop would have nothing to play. The paper starts from Qwen3 models that already
+write Python; on a laptop we start from a 13M-parameter random model and warm-start it on the
+bundled example pool instead: each training sample is a real Designer prompt, built exactly as
+``spade design`` builds it (same contract, same corpus sampling, same chat template and
+``enable_thinking`` setting), and the target is one pool environment in the required answer format.
+Every epoch pairs the environments with different documents, so the model learns to write an
+environment whatever the document says — which is all a warm start has to do; the loop does the rest.
+
+TRL's ``SFTTrainer`` does the training on a pre-tokenized dataset (``input_ids`` plus a
+``completion_mask``), so only the answer tokens carry loss and the prompt tokens are identical to
+what the Designer sees at design time.
+
+    spade warmstart --model ckpt/small --out ckpt/warm --pool bundled --epochs 12 --max-examples 6
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corpus: str | None,
+                  grounding: bool, excerpt_chars: int, example: bool, enable_thinking: bool) -> list[dict]:
+    """One pre-tokenized sample per (epoch, environment), each with its own Designer prompt."""
+    from spade_cli import prompts
+    from spade_cli.backends import render_chat
+    from stages.design import plan_prompts
+
+    eos = tokenizer.eos_token_id
+    samples = []
+    for epoch in range(epochs):
+        plan = plan_prompts(n=len(envs), group=1, seed=seed, iteration=epoch, corpus=corpus,
+                            grounding=grounding, memory=None, excerpt_chars=excerpt_chars, example=example)
+        for env, p in zip(envs, plan, strict=True):
+            prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
+            answer = prompts.format_answer(env["title"], env["code"], env["hint"])
+            completion_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
+            samples.append({"input_ids": prompt_ids + completion_ids,
+                            "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids)})
+    return samples
+
+
+def pick_envs(pool: str, max_examples: int | None) -> list[dict]:
+    """The pool's environments, shortest first when only some are used (cheaper to learn)."""
+    from spade_cli import pool as pool_mod
+
+    folder = pool_mod.BUNDLED_POOL if pool == "bundled" else Path(pool)
+    envs = pool_mod.load_folder(folder)
+    envs.sort(key=lambda e: (len(e["code"]) + len(e["hint"]), e["name"]))
+    return envs[:max_examples] if max_examples else envs
+
+
+def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12, learning_rate: float = 2e-3,
+        batch_size: int = 2, max_examples: int | None = None, seed: int = 0, corpus: str | None = None,
+        grounding: bool = True, excerpt_chars: int = 300, example: bool = False,
+        enable_thinking: bool = False, config: dict | None = None, force: bool = False) -> dict:
+    """Fine-tune ``model`` on the pool and write the checkpoint to ``out`` (a directory)."""
+    from spade_cli.artifacts import Stage
+
+    envs = pick_envs(pool, max_examples)
+    if not envs:
+        raise ValueError(f"the pool {pool!r} has no environments")
+    config = config or {"model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
+                        "batch_size": batch_size, "max_examples": max_examples, "seed": seed, "corpus": corpus,
+                        "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
+                        "enable_thinking": enable_thinking}
+    inputs = {"model": [model]} if Path(model).exists() else {}
+    stage = Stage.begin("warmstart", out, config, inputs, force=force)
+    if stage.check():
+        return {"status": "up to date", "out": str(out)}
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    class _StderrLog(TrainerCallback):
+        def __init__(self, every: int):
+            self.every = every
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if logs and "loss" in logs and (state.global_step % self.every == 0 or state.global_step == 1):
+                print(f"warmstart step {state.global_step}/{state.max_steps}: loss {float(logs['loss']):.4f}",
+                      file=sys.stderr, flush=True)
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    samples = build_samples(tokenizer, envs, epochs, seed, corpus, grounding, excerpt_chars, example,
+                            enable_thinking)
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    args = SFTConfig(
+        output_dir=str(tmp / "trainer"), num_train_epochs=1, per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate, lr_scheduler_type="cosine", warmup_steps=max(1, len(samples) // 20),
+        completion_only_loss=True, max_length=max(len(s["input_ids"]) for s in samples), logging_steps=1,
+        save_strategy="no", report_to="none", seed=seed, use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True,
+    )
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    trainer = SFTTrainer(model=lm, args=args, train_dataset=Dataset.from_list(samples),
+                         processing_class=tokenizer)
+    # transformers prints its logs on stdout, which belongs to the JSON summary line: log to stderr.
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(_StderrLog(every=max(1, len(samples) // batch_size // 10)))
+    result = trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    trainer.model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(tmp / "trainer", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    summary = {"status": "ok", "out": str(out), "envs": [e["name"] for e in envs], "samples": len(samples),
+               "tokens": sum(len(s["input_ids"]) for s in samples), "steps": result.global_step,
+               "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
+               "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1)}
+    stage.write_manifest(None, summary)
+    return summary
