@@ -71,7 +71,7 @@ class UpdateConfig:
     temperature: float = 1.0
     agent_weight: float = 1.0
     designer_weight: float = 1.0
-    invalid_reward: float = 0.0
+    invalid_reward: float = -1.0
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
     num_iterations: int = 1
@@ -120,10 +120,15 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     def bump(role: str, key: str) -> None:
         counts[role][key] = counts[role].get(key, 0) + 1
 
+    # A score row names its design by (group_id, sample) when regret copied them (one row per
+    # design, invalid ones included); env_id alone is ambiguous for parse failures and duplicates.
     rewards: dict[str, float] = {}
+    slot_rewards: dict[tuple, float] = {}
     for _path, _line, rec in read_rows(cfg.scores, "spade.score"):
         assert isinstance(rec, Score)
-        rewards[rec.env_id] = float(rec.designer_reward)
+        rewards.setdefault(rec.env_id, float(rec.designer_reward))
+        if rec.extra.get("group_id") is not None:
+            slot_rewards[(rec.extra["group_id"], rec.extra.get("sample"))] = float(rec.designer_reward)
 
     samples: list[Sample] = []
     want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
@@ -149,8 +154,12 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
             continue
         invalid = rec.code is None or getattr(rec, "valid", True) is False
         if invalid:
-            reward = cfg.invalid_reward
             bump("designer", "invalid")
+        slot = (rec.group_id, rec.sample)
+        if slot in slot_rewards:
+            reward = slot_rewards[slot]
+        elif invalid:
+            reward = cfg.invalid_reward
         elif rec.env_id in rewards:
             reward = rewards[rec.env_id]
         else:

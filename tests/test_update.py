@@ -261,3 +261,22 @@ def test_two_processes_match_one(artifacts: dict, tiny_model: Path, tmp_path: Pa
     assert reports[1]["processes"] == 2
     assert reports[1]["grad_norm"]["max"] == pytest.approx(reports[0]["grad_norm"]["max"], rel=1e-4)
     assert _changed(_params(tmp_path / "one"), _params(tmp_path / "two")) < 1e-5
+
+
+def test_designer_reward_comes_from_the_designs_score_row(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """regret scores every design, invalid ones included; its row wins over --invalid-reward."""
+    from stages.update import collect_samples
+
+    scores = tmp_path / "scores.jsonl"
+    extra = {"schema": "spade.score/1", "env_id": "whatever", "iteration": 0, "signal": "regret",
+             "hinted_mean": None, "unhinted_mean": None, "hinted_n": 0, "unhinted_n": 0, "regret": None,
+             "regret_ci95": None, "designer_reward": -0.7, "group_id": "g0", "sample": 2, "valid": False}
+    scores.write_text(artifacts["scores"].read_text() + json.dumps(extra) + "\n")
+    paths = {**artifacts, "scores": scores}
+    samples, _ = collect_samples(_config(paths, tiny_model, tmp_path / "out", invalid_reward=-0.3))
+    by_group = {}
+    for s in samples:
+        if s.role == "designer":
+            by_group.setdefault(s.group[1], []).append(s.reward)
+    assert sorted(by_group["g0"]) == pytest.approx([-0.7, 0.1, 0.2])  # the score row of g0/2
+    assert sorted(by_group["g1"]) == pytest.approx([-0.3, 0.1, 0.2])  # no row: --invalid-reward

@@ -44,7 +44,7 @@ def update(
     temperature: Annotated[float, _opt("--temperature", "Sampling temperature of the stored samples.")] = 1.0,
     agent_weight: Annotated[float, _opt("--agent-weight", "Weight of the Agent's policy term.")] = 1.0,
     designer_weight: Annotated[float, _opt("--designer-weight", "Weight of the Designer's policy term.")] = 1.0,
-    invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design.")] = 0.0,
+    invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design that has no score row.")] = -1.0,
     max_completion_length: Annotated[int | None, _opt(
         "--max-completion-length", "dr_grpo's normaliser (default: the longest completion).")] = None,
     learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate (constant).", _OPT)] = 1e-6,
