@@ -302,6 +302,10 @@ class Stage:
                 os.fsync(fh.fileno())
             os.replace(self.partial, self.out)
             _fsync_dir(self.out.parent)
+        else:
+            # Nothing to write (e.g. no valid environment to play) is still a finished output:
+            # the next stage reads an empty file rather than failing on a missing one.
+            atomic_write_text(self.out, "")
         for stale in self.out.parent.glob(f"{self.out.name}.partial-*"):
             stale.unlink(missing_ok=True)
         return self.write_manifest(rows_written, summary)

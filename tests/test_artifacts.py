@@ -102,3 +102,13 @@ def test_kill_during_atomic_write_never_leaves_a_partial_file(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not target.exists()
+
+
+def test_a_stage_with_no_rows_still_publishes_an_empty_output(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, [D])
+    st = _stage(tmp_path, inp)
+    assert st.resume() == []
+    manifest = st.commit(0)
+    assert (tmp_path / "out.jsonl").read_text() == "" and manifest["output"]["rows"] == 0
+    assert _stage(tmp_path, inp).check() is True
