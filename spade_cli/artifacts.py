@@ -71,6 +71,15 @@ def expand_inputs(specs: str | Path | Iterable[str | Path]) -> list[Path]:
     return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
 
 
+def json_line(path: str | Path, lineno: int, raw: bytes) -> Any:
+    """Decode one JSONL line; a bad one is an InputError naming the file and line."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InputError(path, lineno, f"not valid JSON ({why})") from None
+
+
 def read_rows(paths: str | Path | Iterable[str | Path], expect: str | tuple[str, ...] | None = None,
               ) -> Iterator[tuple[Path, int, Record]]:
     """Yield (file, line number, record) from JSONL files; the first bad row raises InputError."""
@@ -79,11 +88,7 @@ def read_rows(paths: str | Path | Iterable[str | Path], expect: str | tuple[str,
             for lineno, raw in enumerate(fh, 1):
                 if not raw.strip():
                     continue
-                try:
-                    row = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-                    raise InputError(path, lineno, f"not valid JSON ({why})") from None
+                row = json_line(path, lineno, raw)
                 try:
                     yield path, lineno, parse(row, expect)
                 except (SchemaError, TypeError) as exc:

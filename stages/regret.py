@@ -49,6 +49,7 @@ from spade_cli.artifacts import (
     Stage,
     expand_inputs,
     fingerprint,
+    json_line,
     manifest_path,
     read_rows,
     sha256_file,
@@ -102,11 +103,7 @@ def _cut_tokens(buf: bytes, s: int = 0, e: int | None = None) -> bytes:
 
 
 def _episode(path: Path, lineno: int, raw: bytes) -> tuple[str, bool, int, float, str | None]:
-    try:
-        row = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise InputError(path, lineno, f"not valid JSON ({why})") from None
+    row = json_line(path, lineno, raw)
     try:
         if not isinstance(row, dict):
             raise SchemaError(f"a record must be a JSON object, got {type(row).__name__}")

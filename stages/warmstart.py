@@ -6,8 +6,11 @@ write Python; on a laptop we start from a 13M-parameter random model and warm-st
 bundled example pool instead: each training sample is a real Designer prompt, built exactly as
 ``spade design`` builds it (same contract, same corpus sampling, same chat template and
 ``enable_thinking`` setting), and the target is one pool environment in the required answer format.
-Every epoch pairs the environments with different documents, so the model learns to write an
-environment whatever the document says — which is all a warm start has to do; the loop does the rest.
+Every epoch pairs the environments with different documents, and every other epoch adds a practice
+memory summary (pool titles and hints with made-up learner statistics), so the model learns to
+write an environment whatever the document and the memory say — which is all a warm start has to
+do; the loop does the rest. From iteration 1 on, the real prompts carry a memory summary: a model
+warm-started without one falls apart on them.
 
 TRL's ``SFTTrainer`` does the training on a pre-tokenized dataset (``input_ids`` plus a
 ``completion_mask``), so only the answer tokens carry loss and the prompt tokens are identical to
@@ -25,34 +28,67 @@ from pathlib import Path
 from typing import Any
 
 
+def practice_memory(envs: list[dict], seed: int, epoch: int, path: Path) -> Path:
+    """A made-up environment memory (pool titles and hints with random learner statistics), so the
+    warm-started model has seen prompts with a memory summary before the loop shows it real ones."""
+    import random
+
+    from spade_cli.artifacts import write_jsonl
+    from spade_cli.records import Memory
+
+    rng = random.Random(f"{seed}|{epoch}")
+    rows = []
+    for i, env in enumerate(rng.sample(envs, k=rng.randint(1, len(envs)))):
+        unhinted, hinted = sorted(round(rng.random(), 2) for _ in range(2))
+        rows.append(Memory(env_id=f"practice{i}", title=env["title"], hint=env["hint"], first_iteration=0,
+                           history=[{"iteration": rng.randint(0, 9), "unhinted_mean": unhinted,
+                                     "hinted_mean": hinted, "regret": round(hinted - unhinted, 2)}]))
+    write_jsonl(path, rows)
+    return path
+
+
 def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corpus: str | None,
-                  grounding: bool, excerpt_chars: int, example: bool, enable_thinking: bool) -> list[dict]:
-    """One pre-tokenized sample per (epoch, environment), each with its own Designer prompt."""
+                  grounding: bool, excerpt_chars: int, example: bool, enable_thinking: bool,
+                  memory_pool: list[dict] | None = None) -> list[dict]:
+    """One pre-tokenized sample per (epoch, environment), each with its own Designer prompt.
+
+    Every other epoch the prompts carry a practice memory summary built from ``memory_pool``."""
+    import tempfile
+
     from spade_cli import prompts
     from spade_cli.backends import render_chat
     from stages.design import plan_prompts
 
     eos = tokenizer.eos_token_id
     samples = []
-    for epoch in range(epochs):
-        plan = plan_prompts(n=len(envs), group=1, seed=seed, iteration=epoch, corpus=corpus,
-                            grounding=grounding, memory=None, excerpt_chars=excerpt_chars, example=example)
-        for env, p in zip(envs, plan, strict=True):
-            prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
-            answer = prompts.format_answer(env["title"], env["code"], env["hint"])
-            completion_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
-            samples.append({"input_ids": prompt_ids + completion_ids,
-                            "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids)})
+    with tempfile.TemporaryDirectory() as tmp:
+        for epoch in range(epochs):
+            memory = None
+            if memory_pool and epoch % 2:
+                memory = practice_memory(memory_pool, seed, epoch, Path(tmp) / f"memory{epoch}.jsonl")
+            plan = plan_prompts(n=len(envs), group=1, seed=seed, iteration=epoch, corpus=corpus,
+                                grounding=grounding, memory=memory, excerpt_chars=excerpt_chars,
+                                example=example)
+            for env, p in zip(envs, plan, strict=True):
+                prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
+                answer = prompts.format_answer(env["title"], env["code"], env["hint"])
+                completion_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
+                samples.append({"input_ids": prompt_ids + completion_ids,
+                                "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids)})
     return samples
 
 
-def pick_envs(pool: str, max_examples: int | None) -> list[dict]:
-    """The pool's environments, shortest first when only some are used (cheaper to learn)."""
+def load_envs(pool: str) -> list[dict]:
+    """The pool's environments, shortest first (cheaper to learn when only some are used)."""
     from spade_cli import pool as pool_mod
 
     folder = pool_mod.BUNDLED_POOL if pool == "bundled" else Path(pool)
     envs = pool_mod.load_folder(folder)
-    envs.sort(key=lambda e: (len(e["code"]) + len(e["hint"]), e["name"]))
+    return sorted(envs, key=lambda e: (len(e["code"]) + len(e["hint"]), e["name"]))
+
+
+def pick_envs(pool: str, max_examples: int | None) -> list[dict]:
+    envs = load_envs(pool)
     return envs[:max_examples] if max_examples else envs
 
 
@@ -92,7 +128,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model)
     samples = build_samples(tokenizer, envs, epochs, seed, corpus, grounding, excerpt_chars, example,
-                            enable_thinking)
+                            enable_thinking, memory_pool=load_envs(pool))
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -35,6 +35,12 @@ def test_samples_are_design_prompts_with_answer_only_loss(tiny_model):
     assert prompts.parse_completion(answer.removesuffix(tok.eos_token)).code.rstrip() == envs[0]["code"].rstrip()
     assert samples[0]["input_ids"][:n_prompt] != s["input_ids"][:n_prompt]  # another epoch, another doc
 
+    # With a memory pool, odd epochs carry a memory summary naming pool environments.
+    with_memory = build_samples(tok, envs, epochs=2, seed=0, corpus=None, grounding=True, excerpt_chars=300,
+                                example=False, enable_thinking=False, memory_pool=pick_envs("bundled", None))
+    first, second = (tok.decode(x["input_ids"]) for x in (with_memory[0], with_memory[2]))
+    assert "Environment memory:" not in first and "Environment memory:" in second
+
 
 @pytest.mark.integration
 def test_warmstart_lowers_the_loss_and_writes_a_checkpoint(tiny_model, tmp_path):
