@@ -6,6 +6,7 @@
   line of the module docstring. The bundled pool (``spade_cli/data/pool/``, pass ``--pool bundled``)
   holds hand-written, long-horizon environments: JSON tool use against simulated backends,
   puzzles, planning and text games. It doubles as the worked example in the Designer's prompt.
+  ``--pool starter`` names four short environments used to warm-start small models.
 - a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
   embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),
@@ -35,6 +36,15 @@ from spade_cli.artifacts import InputError, SpadeError, read_rows
 from spade_cli.records import Design, env_id_for
 
 BUNDLED_POOL = Path(__file__).resolve().parent / "data" / "pool"
+# Four short environments (~1 KB each) that a 13M-parameter model learns in minutes on a CPU:
+# the quickstart warm-starts its Designer on them (`spade warmstart --pool starter`).
+STARTER_POOL = Path(__file__).resolve().parent / "data" / "starter"
+NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL}
+
+
+def pool_path(spec: str) -> Path:
+    """A pool folder or file from a spec: ``bundled``, ``starter`` or a path."""
+    return NAMED_POOLS.get(spec, Path(spec))
 RG_ITEMS = 8
 
 
@@ -212,7 +222,7 @@ def load_pool(spec: str, n: int, seed: int, iteration: int) -> list[dict]:
         if not tasks:
             raise SpadeError("--pool rg: needs at least one reasoning-gym task name, e.g. rg:leg_counting")
         return [rg_design(tasks[i % len(tasks)], seed, iteration, i // len(tasks)) for i in range(n)]
-    path = BUNDLED_POOL if spec == "bundled" else Path(spec)
+    path = pool_path(spec)
     if path.is_dir():
         envs = load_folder(path)
     elif path.is_file():

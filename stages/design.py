@@ -118,7 +118,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         config = {k: v for k, v in locals().items() if k not in ("out", "force", "Stage", "backend")}
         config["backend"] = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
     local = {"memory": memory}
-    if pool and pool != "bundled" and not pool.startswith("rg:"):
+    if pool and pool not in pool_mod.NAMED_POOLS and not pool.startswith("rg:"):
         local["pool"] = pool
     for role, path in local.items():
         if path is not None and not Path(path).exists():
@@ -127,7 +127,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
     if memory:
         inputs["memory"] = [memory]
     if pool and not pool.startswith("rg:"):
-        inputs["pool"] = [pool_mod.BUNDLED_POOL if pool == "bundled" else pool]
+        inputs["pool"] = [pool_mod.pool_path(pool)]
     if pool is None and grounding and (corpus is None or Path(corpus).exists()):
         inputs["corpus"] = [corpus or corpus_mod.BUNDLED]
     if pool is None and model and Path(model).exists():

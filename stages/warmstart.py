@@ -66,11 +66,14 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
             memory = None
             if memory_pool and epoch % 2:
                 memory = practice_memory(memory_pool, seed, epoch, Path(tmp) / f"memory{epoch}.jsonl")
-            plan = plan_prompts(n=len(envs), group=1, seed=seed, iteration=epoch, corpus=corpus,
-                                grounding=grounding, memory=memory, excerpt_chars=excerpt_chars,
-                                example=example)
-            for env, p in zip(envs, plan, strict=True):
-                prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
+            # One prompt per epoch for every environment: given any prompt the model must keep all
+            # environments equally likely, or sampling collapses onto one (and validate then flags
+            # the copies as duplicates).
+            [p] = plan_prompts(n=1, group=1, seed=seed, iteration=epoch, corpus=corpus,
+                               grounding=grounding, memory=memory, excerpt_chars=excerpt_chars,
+                               example=example)
+            prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
+            for env in envs:
                 answer = prompts.format_answer(env["title"], env["code"], env["hint"])
                 completion_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
                 samples.append({"input_ids": prompt_ids + completion_ids,
@@ -82,8 +85,7 @@ def load_envs(pool: str) -> list[dict]:
     """The pool's environments, shortest first (cheaper to learn when only some are used)."""
     from spade_cli import pool as pool_mod
 
-    folder = pool_mod.BUNDLED_POOL if pool == "bundled" else Path(pool)
-    envs = pool_mod.load_folder(folder)
+    envs = pool_mod.load_folder(pool_mod.pool_path(pool))
     return sorted(envs, key=lambda e: (len(e["code"]) + len(e["hint"]), e["name"]))
 
 

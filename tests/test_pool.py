@@ -360,17 +360,18 @@ def test_same_seed_same_episode(name):
 
 
 @pytest.mark.integration
-def test_every_bundled_env_passes_spade_validate(tmp_path):
+@pytest.mark.parametrize("pool, count", [("bundled", len(NAMES)), ("starter", 4)])
+def test_every_bundled_env_passes_spade_validate(tmp_path, pool, count):
     designs, validated = tmp_path / "pool.jsonl", tmp_path / "validated.jsonl"
-    res = run_spade("design", "--pool", "bundled", "--n", "100", "--out", designs)
+    res = run_spade("design", "--pool", pool, "--n", "100", "--out", designs)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["rows"] == len(NAMES)
+    assert json.loads(res.stdout)["rows"] == count
     res = run_spade("validate", "--designs", designs, "--out", validated, "--workers", "2")
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in validated.read_text().splitlines()]
     bad = {r["title"]: (r["reason"], [c for c in r["checks"] if not c["ok"]]) for r in rows if not r["valid"]}
     assert not bad
-    assert len(rows) == len(NAMES)
+    assert len(rows) == count
 
 
 @pytest.mark.integration

@@ -34,6 +34,8 @@ def test_samples_are_design_prompts_with_answer_only_loss(tiny_model):
     assert answer == prompts.format_answer(envs[0]["title"], envs[0]["code"], envs[0]["hint"]) + tok.eos_token
     assert prompts.parse_completion(answer.removesuffix(tok.eos_token)).code.rstrip() == envs[0]["code"].rstrip()
     assert samples[0]["input_ids"][:n_prompt] != s["input_ids"][:n_prompt]  # another epoch, another doc
+    # Within an epoch every environment gets the same prompt, so no prompt favours one environment.
+    assert samples[3]["input_ids"][:n_prompt] == prompt_ids and samples[3]["input_ids"] != s["input_ids"]
 
     # With a memory pool, odd epochs carry a memory summary naming pool environments.
     with_memory = build_samples(tok, envs, epochs=2, seed=0, corpus=None, grounding=True, excerpt_chars=300,

@@ -56,7 +56,7 @@ def design(
         "--enable-thinking/--no-enable-thinking", help="Let the chat template open a thinking block.")]
     = False,
     pool: Annotated[str | None, typer.Option(
-        "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', a "
+        "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', 'starter', a "
         "designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
     example: Annotated[bool, typer.Option(
         "--example/--no-example", help="Show a worked example from the bundled pool in the prompt "

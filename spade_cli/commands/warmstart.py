@@ -23,7 +23,7 @@ def warmstart(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Checkpoint to fine-tune (e.g. from init-model).")],
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.", file_okay=False)],
-    pool: Annotated[str, typer.Option("--pool", help="'bundled' or a folder of NAME.py + NAME.hint.")]
+    pool: Annotated[str, typer.Option("--pool", help="'bundled', 'starter' (short envs) or a folder of NAME.py + NAME.hint.")]
     = "bundled",
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the pool (fresh documents each).", min=1)]
     = 12,
