@@ -164,6 +164,12 @@ def test_doctor_json_and_table() -> None:
     assert {"bubblewrap", "landlock", "seccomp", "cgroups", "identity", "gpus", "backends", "tier"} <= set(report)
     assert report["seccomp"]["ok"] is True  # the process tier needs it; CI must have it
     assert report["tier"]["tier"] in ("process", "strong")
+    # A backend is reported usable only when its library is installed, not when spade's lazy
+    # wrapper module imports.
+    from importlib.util import find_spec
+
+    assert report["backends"]["vllm"]["ok"] is (find_spec("vllm") is not None)
+    assert report["backends"]["hf"]["ok"] is True
     table = run_spade("doctor")
     assert table.returncode == 0 and "sandbox tier" in table.stderr
     assert json.loads(table.stdout)["tier"] == report["tier"]["tier"]
@@ -203,3 +209,14 @@ def test_drop_privileges_in_a_child(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert work.stat().st_uid == 65534
+
+
+@pytest.mark.unit
+def test_bwrap_mounts_tmp_before_binding_the_interpreter() -> None:
+    """A venv or checkout under /tmp must stay visible: the tmpfs on /tmp is mounted first."""
+    from spade_cli.sandbox.probe import bwrap_argv
+
+    argv = bwrap_argv("bwrap", {}, "/tmp/checkout")
+    tmpfs = argv.index("--tmpfs")
+    binds = [i for i, a in enumerate(argv) if a == "--ro-bind"]
+    assert argv[tmpfs + 1] == "/tmp" and binds and tmpfs < min(binds)

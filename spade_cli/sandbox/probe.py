@@ -58,9 +58,12 @@ def bwrap_argv(bwrap: str | None, env: dict[str, str], pkg_parent: str) -> list[
             "--gid", str(confine.NOBODY), "--clearenv"]
     for k, v in env.items():
         argv += ["--setenv", k, v]
+    # The tmpfs goes first: binds made after it may live under /tmp (a venv or checkout there),
+    # where a later tmpfs would hide them.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for p in _ro_paths(pkg_parent):
         argv += ["--ro-bind", p, p]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
+    argv += ["--chdir", "/tmp", "--"]
     return argv
 
 
@@ -159,19 +162,26 @@ def probe_gpus() -> dict:
             "detail": "; ".join(names) or (", ".join(devs) if devs else "none")}
 
 
+# The libraries each backend imports when it is built (the backend modules themselves import
+# lazily, so importing them proves nothing). openai needs only a tokenizer beside the stdlib client.
+BACKEND_NEEDS = {"hf": ("torch", "transformers"), "vllm": ("vllm",), "openai": ("transformers",),
+                 "fake": ()}
+
+
 def probe_backends() -> dict:
-    import importlib
+    from importlib.util import find_spec
 
     from spade_cli.backends import BACKENDS
 
     out = {}
-    for name, target in BACKENDS.items():
-        module = target.partition(":")[0]
-        try:
-            importlib.import_module(module)
-            out[name] = {"ok": True, "detail": "imports"}
-        except Exception as exc:  # an ImportError, or anything a half-installed library raises
-            out[name] = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"[:200]}
+    for name in BACKENDS:
+        needs = BACKEND_NEEDS.get(name, ())
+        missing = [m for m in needs if find_spec(m) is None]
+        if missing:
+            hint = " (pip install 'spade[vllm]')" if name == "vllm" else ""
+            out[name] = {"ok": False, "detail": f"missing: {', '.join(missing)}{hint}"}
+        else:
+            out[name] = {"ok": True, "detail": "installed: " + (", ".join(needs) or "nothing needed")}
     return out
 
 
