@@ -16,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
 VENV="${VENV:-.venv}"
+export EXTRAS="${EXTRAS:-eval,report,sandbox}"   # what the loop needs; the tests use the dev extra
 bash recipes/setup.sh
 export PATH="$PWD/$VENV/bin:$PATH"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -39,5 +40,5 @@ EVAL_ARGS="--max-tokens 32" \
   bash recipes/loop.sh
 
 valid0="$(spade inspect "$(spade paths "$RUN" -i 0 --key validated)" --json \
-  | python3 -c 'import json, sys; d = json.load(sys.stdin); print(f"{d[\"valid\"]}/{d[\"rows\"]}")')"
+  | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d["valid"], "of", d["rows"])')"
 echo "== quickstart finished in $((SECONDS - T0)) s; iteration 0: $valid0 designs valid; see $RUN/report/" >&2
