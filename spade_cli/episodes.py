@@ -15,8 +15,10 @@ log-probability null). That text is found by rendering the chat as text and taki
 the text decoded so far, so ``decode(prompt_ids + completion_ids)`` equals the rendered final chat
 by construction; a reply cut by ``max_tokens`` (no EOS) simply gets the template's turn-end token
 as an env token. The sampled ids are kept as sampled (never re-tokenized), because training must
-score exactly the tokens the sampler produced. This requires an append-only chat template (spade's
-tiny model has one); a template that rewrites earlier turns is reported as an error.
+score exactly the tokens the sampler produced. With an append-only chat template (spade's tiny model
+has one) the stream equals the rendered final chat. A template that rewrites earlier turns (stock
+Qwen3 drops old ``<think>`` blocks) is spliced turn by turn instead: the reply's end as the
+template writes it, then the new user turn rendered on its own — the tokens the model actually saw.
 
 Environments are deterministic given the seed and the actions (DESIGN §4). The engine uses that
 when a worker process dies: episodes that shared the dead worker are rebuilt on the replacement by
@@ -141,6 +143,7 @@ class Episode:
     pending: str | None = None  # the action of the current tick, not yet stepped
     closed: bool = False  # the token stream ends with the template's end of the last reply
     gen_tokens: int = 0
+    per_turn: bool = False  # spliced turn by turn: the template rewrites history (see _turn_suffix)
 
     @property
     def n_tokens(self) -> int:
@@ -155,7 +158,8 @@ class Episode:
             truncated=self.truncated, error=self.error,
             tokens={"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
                     "env_mask": self.env_mask, "logprobs": self.logprobs},
-            extra={"stop": self.stop, "agent_tokens": self.gen_tokens},
+            extra={"stop": self.stop, "agent_tokens": self.gen_tokens,
+                   "splicing": "per_turn" if self.per_turn else "rendered"},
         )
 
 
@@ -199,6 +203,7 @@ class Engine:
         self.errors: dict[str, list[str]] = defaultdict(list)
         self.bad: dict[str, str] = {}  # quarantined env -> reason
         self.stats = Stats()
+        self._turn_parts: tuple | None = None
 
     # -- rendering ---------------------------------------------------------------------------
     def _render_text(self, messages: list[dict], gen: bool) -> str:
@@ -208,15 +213,41 @@ class Engine:
     def _splice_env(self, ep: Episode, gen: bool) -> None:
         """Append, as env tokens, whatever the template renders after the text so far."""
         full = self._render_text(ep.messages, gen)
-        if not full.startswith(ep.text):
-            raise TemplateError("the chat template rewrites earlier turns; spade needs an append-only "
-                                "template (see spade_cli/tinymodel.py) to splice env tokens exactly")
-        ids = self.tok.encode(full[len(ep.text):], add_special_tokens=False)
+        if full.startswith(ep.text):
+            suffix = full[len(ep.text):]
+        else:
+            suffix = self._turn_suffix(ep, gen)
+            ep.per_turn = True
+        ids = self.tok.encode(suffix, add_special_tokens=False)
         ep.completion_ids += ids
         ep.env_mask += [0] * len(ids)
         ep.logprobs += [None] * len(ids)
-        ep.text = full
+        ep.text += suffix
         ep.closed = not gen
+
+    def _turn_suffix(self, ep: Episode, gen: bool) -> str:
+        """For a template that rewrites history (stock Qwen3 drops earlier ``<think>`` blocks):
+        what the model sees when the chat grows by one turn — the end of the reply as the template
+        writes it, then the new user turn and generation prompt rendered on their own. The tokens
+        stay exactly those the model was sampled with; they no longer equal a re-rendering of the
+        final chat, and the row says so (``splicing: per_turn``)."""
+        if self._turn_parts is None:
+            eos = self.tok.eos_token or ""
+            base = [{"role": "system", "content": "s"}]
+            head = self._render_text(base, False)
+            if not eos or eos not in head:
+                raise TemplateError("the chat template rewrites earlier turns and does not end a turn with "
+                                    "the EOS token; spade cannot splice environment tokens for it")
+            self._turn_parts = (eos, head[head.rindex(eos) + len(eos):], base, head)
+        eos, sep, base, head = self._turn_parts
+        out = ("" if ep.text.endswith(eos) else eos) + sep
+        if gen:
+            turn = self._render_text(base + [ep.messages[-1]], True)
+            if not turn.startswith(head):
+                raise TemplateError("the chat template renders a user turn differently after a system "
+                                    "message; spade cannot splice environment tokens for it")
+            out += turn[len(head):]
+        return out
 
     # -- workers -----------------------------------------------------------------------------
     def _worker(self, env_id: str) -> Any:

@@ -164,3 +164,47 @@ def test_a_return_outside_zero_one_is_an_error(tiny_model):
                        quarantine_after=9, error_return=0.0)
     assert all(r.error == "return_out_of_range" and r.return_ == 0.0 and len(r.turns) == 2 for r in rows)
     assert all(sum(t["reward"] for t in r.turns) == 1.5 for r in rows)
+
+
+# A Qwen3-like template: earlier assistant turns lose their <think> block when the chat grows.
+REWRITES = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and not loop.last and '</think>' in m.content %}"
+    "{{- '<|im_start|>assistant\\n' + m.content.split('</think>')[-1].lstrip('\\n') + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.integration
+def test_a_template_that_rewrites_history_is_spliced_turn_by_turn(tiny_model):
+    from spade_cli.backends.fake import FakeBackend
+
+    backend = FakeBackend(str(tiny_model), outputs=["<think>try</think>3"])
+    backend.tokenizer.chat_template = REWRITES
+    tok = backend.tokenizer
+    rows, _, _ = _play(backend, _envs(NEVER), k=1, max_turns=3)
+    assert len(rows) == 2
+    for r in rows:
+        assert r.error is None and len(r.turns) == 3 and r.extra["splicing"] == "per_turn"
+        t = r.tokens
+        # The stream is what the model saw: every reply verbatim, think block included, and each
+        # observation as a new user turn — not the template's rewritten final chat.
+        expected = tok.apply_chat_template(r.messages[:2], tokenize=False, add_generation_prompt=True)
+        for m in r.messages[2:]:
+            if m["role"] == "assistant":
+                expected += m["content"] + "<|im_end|>\n"
+            else:
+                expected += "<|im_start|>user\n" + m["content"] + "<|im_end|>\n<|im_start|>assistant\n"
+        assert tok.decode(t["prompt_ids"] + t["completion_ids"]) == expected
+        assert expected != tok.apply_chat_template(r.messages, tokenize=False)
+        agent = [i for i, m in zip(t["completion_ids"], t["env_mask"], strict=True) if m]
+        assert tok.decode(agent).count("<think>try</think>3") == 3
+        assert all((lp is None) == (m == 0) for lp, m in zip(t["logprobs"], t["env_mask"], strict=True))
+
+
+@pytest.mark.integration
+def test_an_append_only_template_keeps_rendered_splicing(hf):
+    rows, _, _ = _play(hf, _envs(GUESS), k=1, max_turns=2, max_new_tokens=8)
+    assert {r.extra["splicing"] for r in rows} == {"rendered"}
