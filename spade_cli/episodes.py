@@ -478,10 +478,13 @@ class Engine:
 
     def _tick(self, active: list[Episode]) -> None:
         cfg = self.cfg
-        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
-                            seed=int(_digest("gen", cfg.seed, self.stats.ticks)[:8], 16) & 0x7FFFFFFF)
+        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens)
+        # Each reply is seeded by its episode and turn, not by the batch it happens to share: an
+        # episode replayed after a crash (kill -9, a lost worker) gets the very same replies.
+        seeds = [int(_digest("gen", ep.spec.episode_id, len(ep.turns))[:8], 16) & 0x7FFFFFFF for ep in active]
         t0 = time.perf_counter()
-        outs = self.backend.generate([ep.prompt_ids + ep.completion_ids for ep in active], 1, sampling)
+        outs = self.backend.generate([ep.prompt_ids + ep.completion_ids for ep in active], 1, sampling,
+                                     seeds=seeds)
         self.stats.gen_s += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.ticks += 1

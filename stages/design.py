@@ -165,19 +165,21 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         with stage.writer() as w:
             for part in (c for c in chunks if c):
                 ids = [render_chat(be.tokenizer, p["messages"], enable_thinking=enable_thinking) for p in part]
-                gen_seed = _sub_seed(seed, iteration, part[0]["group_id"])
-                sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=gen_seed)
-                outs = be.generate(ids, n=group, sampling=sampling)
+                # One seed per group (prompt), so a group's designs do not depend on which other
+                # groups share the call: a resumed run writes what the uninterrupted one would have.
+                seeds = [_sub_seed(seed, iteration, p["group_id"]) for p in part]
+                sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+                outs = be.generate(ids, n=group, sampling=sampling, seeds=seeds)
                 calls += 1
                 gen = {"model": str(model) if model else getattr(be, "model", None), "backend": be.name,
-                       "temperature": temperature, "seed": gen_seed, "top_p": top_p,
+                       "temperature": temperature, "top_p": top_p,
                        "max_tokens": max_tokens, "enable_thinking": enable_thinking}
                 if len(outs) != len(part) or any(len(o) != group for o in outs):
                     raise SpadeError(f"backend {be.name} returned {[len(o) for o in outs]} samples for "
                                      f"{len(part)} prompts x {group}")
-                for p, pid, samples in zip(part, ids, outs, strict=True):
+                for p, pid, samples, group_seed in zip(part, ids, outs, seeds, strict=True):
                     for j, s in enumerate(samples):
-                        row = design_row(p, j, s, pid, iteration, gen)
+                        row = design_row(p, j, s, pid, iteration, {**gen, "seed": group_seed})
                         parse_errors += row.parse_error is not None
                         prompt_tokens += len(pid)
                         completion_tokens += len(s.token_ids)

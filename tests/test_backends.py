@@ -191,3 +191,22 @@ def test_hf_ignores_the_checkpoints_sampling_defaults(tiny_model, reference, tmp
     worst = max(abs(a - b) for p, g in zip(prompts, out, strict=True) for s in g
                 for a, b in zip(s.logprobs, _recompute(reference, p, s, 1.0), strict=True))
     assert worst < 1e-3
+
+
+@pytest.mark.integration
+def test_hf_per_prompt_seeds_make_samples_independent_of_the_batch(hf, reference):
+    """A resumed stage batches its leftover prompts differently: their samples must not change."""
+    prompts = _prompts(hf.tokenizer)
+    sampling = Sampling(temperature=1.0, top_p=0.9, max_tokens=24)
+    together = hf.generate(prompts, n=2, sampling=sampling, seeds=[11, 12, 13])
+    alone = hf.generate(prompts[-1:], n=2, sampling=sampling, seeds=[13])
+    assert [s.token_ids for s in alone[0]] == [s.token_ids for s in together[-1]]
+    assert together[-1][0].token_ids != together[-1][1].token_ids  # the n samples still differ
+    other = hf.generate(prompts[-1:], n=2, sampling=sampling, seeds=[99])
+    assert [s.token_ids for s in other[0]] != [s.token_ids for s in alone[0]]
+    # the sampler still draws from the processed distribution it records
+    for prompt, group in zip(prompts, together, strict=True):
+        for s in group:
+            expected = _recompute(reference, prompt, s, 1.0, 0.9)
+            assert max(abs(a - b) for a, b in zip(s.logprobs, expected, strict=True)) < 1e-3
+            assert all(lp > float("-inf") for lp in s.logprobs)

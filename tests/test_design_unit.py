@@ -249,7 +249,13 @@ def test_run_parses_good_completions_and_keeps_bad_ones(tmp_path):
     for r in parsed:
         assert (r["title"], r["code"], r["hint"]) == ("Ledger", ex["code"], ex["hint"])
         assert r["env_id"] == env_id_for(ex["code"], ex["hint"])
-        assert r["gen"]["seed"] == rows[0]["gen"]["seed"] and r["gen"]["backend"] == "fake"
+        assert r["gen"]["backend"] == "fake"
+    # one seed per group (prompt), shared by its samples, so groups sample independently of each other
+    seeds = {}
+    for r in rows:
+        seeds.setdefault(r["group_id"], set()).add(r["gen"]["seed"])
+    assert len(seeds) == 2 and all(len(v) == 1 for v in seeds.values()) and len(set.union(*seeds.values())) == 2
+    assert be.requests[0][2].seed is None
     bad = [r for r in rows if r["parse_error"]]
     assert all(r["completion"] == "no idea" and r["code"] is None for r in bad)
     # finished: the next call is a no-op, and a changed config is refused

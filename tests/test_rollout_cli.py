@@ -94,6 +94,21 @@ def test_rollout_resumes_after_kill_9_without_duplicates(tiny_model, tmp_path):
     assert before <= set(ids) and summary["resumed"] >= len(before) - 1  # a torn last line is replayed
     assert summary["played"] + summary["resumed"] == 12
 
+    # Replies are seeded per episode and turn, not per batch: the killed-and-resumed run holds the
+    # very episodes an uninterrupted run plays.
+    clean = tmp_path / "clean.jsonl"
+    res = run_spade(*args[:args.index("--out")], "--out", clean, *args[args.index("--out") + 2:])
+    assert res.returncode == 0, res.stderr
+    resumed = {r["episode_id"]: r for r in rows}
+    for r in _rows(clean):
+        got, want = resumed[r["episode_id"]], r
+        assert (got["turns"], got["return"]) == (want["turns"], want["return"])
+        for key in ("prompt_ids", "completion_ids", "env_mask"):
+            assert got["tokens"][key] == want["tokens"][key]
+        # log-probs come from batches padded differently: equal up to float noise
+        for a, b in zip(got["tokens"]["logprobs"], want["tokens"]["logprobs"], strict=True):
+            assert (a is None and b is None) or abs(a - b) < 1e-4
+
 
 @pytest.mark.integration
 def test_bad_rows_and_bad_flags(tiny_model, tmp_path):

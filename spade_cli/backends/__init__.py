@@ -37,11 +37,24 @@ class Backend(Protocol):
     model: str
     tokenizer: Any  # a transformers tokenizer with the chat template
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
-        """One batched call: for every prompt, ``n`` samples."""
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[GenSample]]:
+        """One batched call: for every prompt, ``n`` samples.
+
+        ``seeds`` (one per prompt) make each prompt's samples depend on its own seed only, not on
+        what else is in the batch: a stage resumed after a crash then samples exactly what the
+        uninterrupted run would have. Without them ``Sampling.seed`` seeds the whole call."""
         ...
 
     def close(self) -> None: ...
+
+
+def sample_seed(seed: int, j: int) -> int:
+    """The seed of sample ``j`` of a prompt whose seed is ``seed`` (for backends that draw the
+    ``n`` samples of a prompt as separate rows or requests)."""
+    import hashlib
+
+    return int(hashlib.sha256(f"{seed}|{j}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
 
 def render_chat(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True,

@@ -67,7 +67,8 @@ class FakeBackend:
         self._next += 1
         return self.outputs[i % len(self.outputs)] if self.outputs else f"fake {i}"
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[GenSample]]:
         self.calls += 1
         self.requests.append(([list(p) for p in prompts], n, sampling))
         out = []

@@ -26,6 +26,9 @@ that one are kept (they were sampled), ``text`` is cut before the stop string, a
 Seeds: with ``Sampling.seed`` set, the torch RNG is forked and seeded around each call, so the
 same prompts, ``n``, sampling and batch size reproduce the same samples (a different batch
 composition changes which random numbers a row draws). With ``seed=None`` the global RNG is used.
+With per-prompt ``seeds``, each row draws its token with its own generator (Gumbel-max over the
+same processed scores), so a row's sample no longer depends on the rest of the batch: a resumed
+rollout or design reproduces the uninterrupted run.
 
     backend = HFBackend("ckpt/tiny", dtype="float32")
     [[a, b]] = backend.generate([ids], n=2, sampling=Sampling(temperature=0.7, max_tokens=64, seed=0))
@@ -36,7 +39,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from spade_cli.backends import GenSample, Sampling
+from spade_cli.backends import GenSample, Sampling, sample_seed
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -83,6 +86,26 @@ class _Recorder:
         return torch.stack(steps, dim=1).cpu()
 
 
+class _RowSampler:
+    """After the recorder, when rows carry their own seeds: draws each row's token with that row's
+    own generator (Gumbel-max over the processed scores, the same distribution generate samples
+    from) and leaves only that token possible, so a row's sample does not depend on the batch."""
+
+    def __init__(self, seeds: list[int], device: str) -> None:
+        import torch
+
+        self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = torch.full_like(scores, float("-inf"))
+        for i, gen in enumerate(self.gens):
+            u = torch.rand(scores.shape[1], generator=gen, device=scores.device).clamp_(1e-20, 1.0)
+            out[i, torch.argmax(scores[i].float() - torch.log(-torch.log(u)))] = 0.0
+        return out
+
+
 class HFBackend:
     """transformers ``generate`` behind the spade ``Backend`` interface."""
 
@@ -119,21 +142,27 @@ class HFBackend:
         # generate's own warpers stay off so the recorder sees the final distribution.
         self.lm.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[GenSample]]:
         """For every prompt, ``n`` samples; rows are batched across prompts and samples."""
         import torch
 
         rows = [list(p) for p in prompts for _ in range(n)]
+        row_seeds = [sample_seed(s, j) for s in seeds for j in range(n)] if seeds is not None else None
+        if row_seeds is not None and len(row_seeds) != len(rows):
+            raise ValueError(f"{len(seeds or [])} seeds for {len(prompts)} prompts")
         outs: list[GenSample] = []
         rng = torch.random.fork_rng(devices=[self.device] if self.device.startswith("cuda") else [])
         with rng if sampling.seed is not None else contextlib.nullcontext():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             for start in range(0, len(rows), self.batch_size):
-                outs.extend(self._generate_batch(rows[start:start + self.batch_size], sampling))
+                part = slice(start, start + self.batch_size)
+                outs.extend(self._generate_batch(rows[part], sampling, row_seeds[part] if row_seeds else None))
         return [outs[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    def _generate_batch(self, rows: list[list[int]], sampling: Sampling) -> list[GenSample]:
+    def _generate_batch(self, rows: list[list[int]], sampling: Sampling,
+                        row_seeds: list[int] | None = None) -> list[GenSample]:
         import torch
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -156,6 +185,8 @@ class HFBackend:
             if sampling.top_p < 1.0:
                 processors.append(TopPLogitsWarper(sampling.top_p))
         processors.append(recorder)
+        if row_seeds is not None and not greedy:
+            processors.append(_RowSampler(row_seeds, self.device))
         kwargs: dict[str, Any] = {}
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from spade_cli.artifacts import SpadeError
-from spade_cli.backends import GenSample, Sampling
+from spade_cli.backends import GenSample, Sampling, sample_seed
 
 _REJECTED = (400, 404, 415, 422)  # what servers answer to a token-list prompt or unknown fields
 
@@ -105,11 +105,13 @@ class OpenAIBackend:
 
     # -- the two wire modes -------------------------------------------------------------------
 
-    def _token_request(self, prompt: list[int], n: int, sampling: Sampling) -> list[GenSample] | None:
+    def _token_request(self, prompt: list[int], n: int, sampling: Sampling,
+                       seed: int | None = None) -> list[GenSample] | None:
         """All n samples of one prompt in token mode; None when the server does not speak it."""
         body = {**self._common(sampling), "prompt": prompt, "n": n, "logprobs": 1, "return_token_ids": True}
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
+        seed = sampling.seed if seed is None else seed
+        if seed is not None:
+            body["seed"] = seed
         try:
             answer = self._post(body)
         except _HTTPStatus as exc:
@@ -121,10 +123,13 @@ class OpenAIBackend:
             return None
         return [self._from_tokens(c, sampling) for c in choices]
 
-    def _text_request(self, prompt: list[int], j: int, sampling: Sampling) -> GenSample:
+    def _text_request(self, prompt: list[int], j: int, sampling: Sampling,
+                      seed: int | None = None) -> GenSample:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
         body = {**self._common(sampling), "prompt": text}
-        if sampling.seed is not None:
+        if seed is not None:
+            body["seed"] = sample_seed(seed, j)
+        elif sampling.seed is not None:
             body["seed"] = sampling.seed + j
         [choice, *_] = self._post(body)["choices"]
         return self._from_text(choice, sampling)
@@ -154,28 +159,32 @@ class OpenAIBackend:
 
     # -- Backend interface --------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
-        """For every prompt, ``n`` samples; requests run ``concurrency`` at a time."""
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[GenSample]]:
+        """For every prompt, ``n`` samples; requests run ``concurrency`` at a time. With ``seeds``
+        each prompt's request carries its own seed."""
         self.calls += 1
         if not prompts:
             return []
+        seed_of = (lambda i: seeds[i]) if seeds is not None else (lambda i: None)
         out: list[list[GenSample] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
         if self.token_prompts is None:  # probe once with the first prompt
-            first = self._token_request(list(prompts[0]), n, sampling)
+            first = self._token_request(list(prompts[0]), n, sampling, seed_of(0))
             self.token_prompts = first is not None
             if first is not None:
                 out[0], todo = first, todo[1:]
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             if self.token_prompts:
-                results = pool.map(lambda i: self._token_request(list(prompts[i]), n, sampling), todo)
+                results = pool.map(lambda i: self._token_request(list(prompts[i]), n, sampling, seed_of(i)), todo)
                 for i, group in zip(todo, results, strict=True):
                     if group is None:
                         raise SpadeError(f"openai backend: {self.base_url} returned no token ids for prompt {i}")
                     out[i] = group
             else:
                 jobs = [(i, j) for i in todo for j in range(n)]
-                samples = list(pool.map(lambda ij: self._text_request(list(prompts[ij[0]]), ij[1], sampling), jobs))
+                samples = list(pool.map(
+                    lambda ij: self._text_request(list(prompts[ij[0]]), ij[1], sampling, seed_of(ij[0])), jobs))
                 for i in todo:
                     out[i] = samples[:n]
                     samples = samples[n:]

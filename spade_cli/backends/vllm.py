@@ -69,18 +69,24 @@ class VLLMBackend:
         self.llm = vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[GenSample]]:
-        """For every prompt, ``n`` samples, all in one engine call."""
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[GenSample]]:
+        """For every prompt, ``n`` samples, all in one engine call (per-request seeds when given)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if not prompts:
             return []
-        params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                max_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=0,
-                                stop=list(sampling.stop) or None, include_stop_str_in_output=False,
-                                skip_special_tokens=True)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+
+        def params(seed: int | None) -> Any:
+            return SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                  max_tokens=sampling.max_tokens, seed=seed, logprobs=0,
+                                  stop=list(sampling.stop) or None, include_stop_str_in_output=False,
+                                  skip_special_tokens=True)
+
+        per_prompt = [params(s) for s in seeds] if seeds is not None else params(sampling.seed)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_prompt,
+                                 use_tqdm=False)
         self.calls += 1
         return [[_sample(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
 
