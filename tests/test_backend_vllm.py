@@ -93,6 +93,17 @@ def test_vllm_processed_logprobs_match_float32_recomputation(engine, reference, 
 
 
 @pytest.mark.vllm_cpu
+def test_vllm_per_prompt_seeds_make_samples_independent_of_the_batch(engine):
+    prompts = _prompts(engine.tokenizer)
+    sampling = Sampling(temperature=1.0, max_tokens=16)
+    together = engine.generate(prompts, n=2, sampling=sampling, seeds=[11, 12, 13])
+    alone = engine.generate(prompts[-1:], n=2, sampling=sampling, seeds=[13])
+    assert [s.token_ids for s in alone[0]] == [s.token_ids for s in together[-1]]
+    other = engine.generate(prompts[-1:], n=2, sampling=sampling, seeds=[99])
+    assert [s.token_ids for s in other[0]] != [s.token_ids for s in alone[0]]
+
+
+@pytest.mark.vllm_cpu
 def test_vllm_seed_reproduces(engine):
     prompts = _prompts(engine.tokenizer)
     ids = lambda seed: [s.token_ids for g in engine.generate(  # noqa: E731
