@@ -375,6 +375,49 @@ def save(cfg: UpdateConfig, trained: dict, tmp: Path) -> None:
     trained["tokenizer"].save_pretrained(tmp)
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # checkpoints are large and never modified in place: share the blocks
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _pass_through(cfg: UpdateConfig, stage: Stage, counts: dict, log: Callable[[str], None], t0: float) -> dict:
+    """No sample carries a learning signal: publish the input model unchanged as the new checkpoint,
+    with an ``update.json`` that says why, so the next iteration starts from it."""
+    import json
+
+    out = Path(cfg.out)
+    why = f"no sample carries a learning signal (zero reward spread everywhere, or no tokens): {counts}"
+    log(f"{why}; the checkpoint is the input model unchanged")
+    if os.environ.get("RANK", "0") != "0":
+        return {"status": "ok", "out": str(out), "samples": 0, "unchanged": True}
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if Path(cfg.model).is_dir():
+        shutil.copytree(cfg.model, tmp, copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns("*.manifest.json", "update.json"))
+    else:  # a hub id: load and save it as a plain directory
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        AutoModelForCausalLM.from_pretrained(cfg.model).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(cfg.model).save_pretrained(tmp)
+    report = {"metrics": None, "roles": None, "counts": counts, "config": asdict(cfg), "unchanged": True,
+              "reason": why}
+    atomic_write_text(tmp / "update.json", json.dumps(report, indent=2, default=str) + "\n")
+    if out.exists():
+        trash = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, out)
+    stage.warnings.append(why)
+    summary = {"status": "ok", "out": str(out), "samples": 0, "agent_samples": 0, "designer_samples": 0,
+               "unchanged": True, "loss": None}
+    stage.write_manifest(None, summary)
+    summary["seconds"] = round(time.time() - t0, 2)
+    return summary
+
+
 def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """Update the model on the stored samples and write ``cfg.out``; returns the summary."""
     import json
@@ -403,7 +446,8 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     t0 = time.time()
     samples, counts = collect_samples(cfg)
     if not samples:
-        raise SpadeError(f"no sample carries a learning signal (zero reward spread everywhere, or no tokens): {counts}")
+        # Common early in a run (every return 0): nothing to learn is not a failure of the loop.
+        return _pass_through(cfg, stage, counts, log, t0)
     log(f"{len(samples)} samples with signal: "
         + ", ".join(f"{r} {sum(s.role == r for s in samples)}" for r in ("agent", "designer")))
     trained = train(cfg, samples, log)

@@ -280,3 +280,25 @@ def test_designer_reward_comes_from_the_designs_score_row(artifacts: dict, tiny_
             by_group.setdefault(s.group[1], []).append(s.reward)
     assert sorted(by_group["g0"]) == pytest.approx([-0.7, 0.1, 0.2])  # the score row of g0/2
     assert sorted(by_group["g1"]) == pytest.approx([-0.3, 0.1, 0.2])  # no row: --invalid-reward
+
+
+@pytest.mark.integration
+def test_no_learning_signal_passes_the_model_through(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """Early iterations often have every return 0: the loop must go on from the same weights."""
+    flat = tmp_path / "flat.jsonl"
+    rows = [json.loads(x) for x in artifacts["rollouts"].read_text().splitlines()]
+    flat.write_text("".join(json.dumps({**r, "return": 0.0}) + "\n" for r in rows))
+    out = tmp_path / "ckpt"
+    res = run_spade("update", "--model", tiny_model, "--rollouts", flat, "--out", out)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["unchanged"] is True and summary["samples"] == 0
+    assert _changed(_params(tiny_model), _params(out)) == 0.0
+    report = json.loads((out / "update.json").read_text())
+    assert report["unchanged"] is True and "no sample carries a learning signal" in report["reason"]
+    manifest = json.loads((tmp_path / "ckpt.manifest.json").read_text())
+    assert manifest["warnings"] and run_spade("update", "--model", tiny_model, "--rollouts", flat,
+                                              "--out", out).returncode == 0
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out)

@@ -103,7 +103,9 @@ def update(
     summary = stage.run(cfg, force=force, log=lambda msg: console.print(msg, soft_wrap=True))
     if os.environ.get("RANK", "0") != "0":  # under accelerate launch / torchrun only rank 0 reports
         return
-    if summary.get("status") == "ok":
+    if summary.get("unchanged"):
+        console.print(f"[yellow]wrote[/] {out}: the input model unchanged (no sample carries a learning signal)")
+    elif summary.get("status") == "ok":
         console.print(f"[green]wrote[/] {out}: {summary['samples']} samples, loss {summary['loss']:.4g}")
     finish(summary)
 
