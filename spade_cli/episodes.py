@@ -1,11 +1,18 @@
-"""The episode engine behind `spade rollout`: many multi-turn episodes advanced in lockstep.
+"""The episode engine behind `spade rollout`: many multi-turn episodes, lockstep or continuous.
 
-Every active episode takes one turn per *tick*: one batched ``backend.generate`` call produces the
-replies of all of them, then the environment steps run in the sandbox workers, one thread per
-worker, in parallel with each other. Finished episodes leave the batch and queued ones take their
-place (up to ``max_concurrent``), so the batch stays full without a second generate call per tick.
-This lockstep design is used for every backend; servers behind ``openai`` batch the list of
-prompts of one tick themselves.
+Lockstep (``batching="lockstep"``, the hf and offline vllm backends): every active episode takes
+one turn per *tick*: one batched ``backend.generate`` call produces the replies of all of them,
+then the environment steps run in the sandbox workers, one thread per worker, in parallel with
+each other. Finished episodes leave the batch and queued ones take their place (up to
+``max_concurrent``), so the batch stays full without a second generate call per tick. hf and
+``vllm.LLM`` are synchronous, in-process engines: a call returns when its whole batch is done, so
+one big call per tick is what keeps them busy.
+
+Continuous (``batching="continuous"``, backends with ``continuous = True``: ``openai``, whose
+server batches whatever requests are in flight): each episode advances on its own, up to
+``max_concurrent`` at a time, so env steps of one episode overlap generation of the others and a
+long reply holds back only its own episode. ``episodes_continuous`` runs it with this class's
+methods, so tokens, seeds, errors and rows are the same as in lockstep.
 
 Token bookkeeping. The first prompt is the chat template rendered over ``[system, first
 observation]``. Everything after it goes to ``completion_ids``: the sampled ids of each reply
@@ -21,9 +28,9 @@ Qwen3 drops old ``<think>`` blocks) is spliced turn by turn instead: the reply's
 template writes it, then the new user turn rendered on its own — the tokens the model actually saw.
 
 Environments are deterministic given the seed and the actions (DESIGN §4). The engine uses that
-when a worker process dies: episodes that shared the dead worker are rebuilt on the replacement by
-replaying their actions, and a replay that does not reproduce the recorded observations ends the
-episode as ``nondeterministic``.
+when a worker process dies: each episode remembers the worker it lives on, and one that shared the
+dead worker is rebuilt on the replacement by replaying its actions before its next step; a replay
+that does not reproduce the recorded observations ends the episode as ``nondeterministic``.
 """
 
 from __future__ import annotations
@@ -106,6 +113,13 @@ def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int) -> 
             for e in env_ids for p in range(k) for h in (False, True)]
 
 
+def turn_seed(episode_id: str, turn: int) -> int:
+    """The sampling seed of one reply: by episode and turn, never by the batch it happens to share,
+    so an episode replayed after a crash (kill -9, a lost worker) gets the very same replies, in
+    either batching mode."""
+    return int(_digest("gen", episode_id, turn)[:8], 16) & 0x7FFFFFFF
+
+
 def system_message(hint: str | None, cfg: PlayConfig) -> str:
     text = SYSTEM_PROMPT.format(max_chars=cfg.max_action_chars, max_turns=cfg.max_turns)
     return text + HINT_BLOCK.format(hint=hint) if hint else text
@@ -144,6 +158,7 @@ class Episode:
     closed: bool = False  # the token stream ends with the template's end of the last reply
     gen_tokens: int = 0
     per_turn: bool = False  # spliced turn by turn: the template rewrites history (see _turn_suffix)
+    worker: Any = None  # the worker holding this episode's env; another one means replay first
 
     @property
     def n_tokens(self) -> int:
@@ -185,15 +200,20 @@ class Engine:
     """Plays episode specs against a backend and a sandbox pool; see the module docstring.
 
     ``emit(rollout)`` is called once per finished episode (the stage writes it to disk);
-    ``progress(stats)`` after every tick. ``env_error`` is the sandbox's ``EnvError`` (any
-    exception class with a ``reason`` attribute, for tests with a stand-in pool).
+    ``progress(stats)`` after every tick (continuous: after every episode-turn, never from two
+    threads at once). ``env_error`` is the sandbox's ``EnvError`` (any exception class with a
+    ``reason`` attribute, for tests with a stand-in pool). ``batching`` is ``lockstep`` or
+    ``continuous`` (the stage resolves ``auto`` from the backend).
     """
 
     def __init__(self, backend: Any, pool: Any, envs: dict[str, EnvSource], cfg: PlayConfig,
                  emit: Callable[[Rollout], None], progress: Callable[[Stats], None] | None = None,
-                 env_error: type[Exception] | None = None):
+                 env_error: type[Exception] | None = None, batching: str = "lockstep"):
         if env_error is None:
             from spade_cli.sandbox import EnvError as env_error
+        if batching not in ("lockstep", "continuous"):
+            raise ValueError(f"batching must be lockstep or continuous, got {batching!r}")
+        self.batching = batching
         self.EnvError = env_error
         self.backend, self.pool, self.envs, self.cfg = backend, pool, envs, cfg
         self.tok = backend.tokenizer
@@ -333,7 +353,7 @@ class Engine:
         for spec in specs:
             jobs[spec.env_id].append(Episode(spec))
         started = []
-        for ep, res in self._parallel(jobs, lambda w, ep: w.reset(ep.spec.episode_id, ep.spec.seed)):
+        for ep, res in self._parallel(jobs, lambda w, ep: (w.reset(ep.spec.episode_id, ep.spec.seed)[0], w)):
             if res == "lost":  # another episode killed the worker: retry on a fresh one next tick
                 self.queue.appendleft(ep.spec)
             elif isinstance(res, self.EnvError):
@@ -343,6 +363,7 @@ class Engine:
                 self._fail(ep, "hint_leak")
             else:
                 ep = self._start(ep.spec, res[0])
+                ep.worker = res[1]
                 if ep.n_tokens + 1 > self.cfg.max_episode_tokens:  # the first prompt fills the budget
                     ep.truncated = True
                     self._finish(ep, "max_episode_tokens")
@@ -365,6 +386,12 @@ class Engine:
             if got[0] != turn["observation"] or float(got[1]) != turn["reward"]:
                 return "nondeterministic"
         return w.step(ep.spec.episode_id, ep.pending)
+
+    def _take_step(self, w: Any, ep: Episode) -> Any:
+        """Step the pending action on ``w``. An episode whose env lives on another worker (one that
+        died, even after this episode's last step went through) is first rebuilt on ``w``."""
+        stale, ep.worker = ep.worker is not w, w
+        return self._replay(w, ep) if stale else w.step(ep.spec.episode_id, ep.pending)
 
     def _apply(self, ep: Episode, res: Any) -> bool:
         """Take one step result into the episode; True when it goes on."""
@@ -448,6 +475,10 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, specs: list[EpisodeSpec]) -> Stats:
+        if self.batching == "continuous":
+            from spade_cli.episodes_continuous import Continuous
+
+            return Continuous(self).run(specs)
         cfg = self.cfg
         self.queue: deque[EpisodeSpec] = deque(specs)
         self.stats.total = len(specs)
@@ -479,9 +510,7 @@ class Engine:
     def _tick(self, active: list[Episode]) -> None:
         cfg = self.cfg
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens)
-        # Each reply is seeded by its episode and turn, not by the batch it happens to share: an
-        # episode replayed after a crash (kill -9, a lost worker) gets the very same replies.
-        seeds = [int(_digest("gen", ep.spec.episode_id, len(ep.turns))[:8], 16) & 0x7FFFFFFF for ep in active]
+        seeds = [turn_seed(ep.spec.episode_id, len(ep.turns)) for ep in active]
         t0 = time.perf_counter()
         outs = self.backend.generate([ep.prompt_ids + ep.completion_ids for ep in active], 1, sampling,
                                      seeds=seeds)
@@ -492,7 +521,7 @@ class Engine:
         for ep, samples in zip(active, outs, strict=True):
             self._absorb(ep, samples[0])
             jobs[ep.spec.env_id].append(ep)
-        results = self._parallel(jobs, lambda w, ep: w.step(ep.spec.episode_id, ep.pending))
+        results = self._parallel(jobs, self._take_step)
         lost: dict[str, list[Episode]] = defaultdict(list)
         for ep, res in results:
             if isinstance(res, self.EnvError):
@@ -507,7 +536,7 @@ class Engine:
             for env_id in lost:
                 self._note_dead(env_id)
             again: dict[str, list[Episode]] = defaultdict(list)
-            for ep, res in self._parallel(lost, self._replay):
+            for ep, res in self._parallel(lost, self._take_step):
                 if res == "lost":
                     again[ep.spec.env_id].append(ep)
                     continue

@@ -16,10 +16,12 @@ in one shard, so each Slurm array task writes a complete file of its own
 (``rollouts.shard-II-of-NN.jsonl`` in a run directory, see ``spade paths``) and downstream stages
 read them all with a glob.
 
-What it simplifies compared with the paper: episodes advance in lockstep (one batched generate
-call per turn for all active episodes) for every backend; the paper's system may overlap env
-steps with generation. Env steps cost microseconds against the model's seconds, so the
-difference is small (``recipes/bench_rollout.py`` measures it).
+Batching (``--batching``): ``lockstep`` advances all active episodes together, one batched
+generate call per turn (hf, offline vllm: synchronous engines that want one big batch);
+``continuous`` lets each episode advance on its own under ``max_concurrent``, its env steps
+overlapping the others' generation (``openai``: the server batches what is in flight). ``auto``
+picks continuous for backends whose class sets ``continuous = True``. Both give the same rows for
+the same seeds when the backend's samples depend only on prompt and seed.
 
     rows = run(model="ckpt/tiny", envs=["validated.jsonl"], out="rollouts.jsonl", k=8)
 """
@@ -76,6 +78,17 @@ def load_envs(paths: list[Path], shard: tuple[int, int]) -> tuple[dict[str, EnvS
     return envs, counts
 
 
+BATCHING = ("auto", "lockstep", "continuous")
+
+
+def resolve_batching(batching: str, backend: Any) -> str:
+    """``auto`` -> continuous for backends that schedule requests themselves (``continuous = True``
+    on the backend), lockstep otherwise; an explicit mode is kept."""
+    if batching == "auto":
+        return "continuous" if getattr(backend, "continuous", False) else "lockstep"
+    return batching
+
+
 def _returns_summary(rows: list[dict]) -> dict:
     out: dict[str, Any] = {}
     for side, hinted in (("unhinted", False), ("hinted", True)):
@@ -99,6 +112,7 @@ def run(
     tier: str = "auto",
     min_tier: str = "process",
     force: bool = False,
+    batching: str = "auto",
     progress: Callable[[Stats], None] | None = None,
     backend_obj: Any = None,
     backend_kwargs: dict | None = None,
@@ -109,13 +123,15 @@ def run(
     """
     if k < 1:
         raise ValueError("--k must be at least 1")
+    if batching not in BATCHING:
+        raise ValueError(f"--batching must be one of {', '.join(BATCHING)}, got {batching!r}")
     play = play or PlayConfig(seed=seed)
     if play.seed != seed:
         play = PlayConfig(**{**play.__dict__, "seed": seed})
     shard_t = parse_shard(shard)
     paths = expand_inputs(envs)
     config = {"model": str(model), "k": k, "iteration": iteration, "seed": seed, "backend": backend,
-              "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier,
+              "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier, "batching": batching,
               **{f: v for f, v in play.__dict__.items() if f not in ("seed", "max_concurrent", "env_threads")}}
     inputs: dict[str, list] = {"envs": paths}
     if Path(model).is_dir():
@@ -131,7 +147,7 @@ def run(
     todo = [s for s in specs if s.episode_id not in done]
     rows = list(done_rows)
     stats = Stats(total=len(todo))
-    tier_used = None
+    tier_used = mode = None
     if todo:
         from spade_cli.backends import load_backend
         from spade_cli.records import to_row
@@ -157,7 +173,8 @@ def run(
                     writer.write(row)
                     rows.append(row)
 
-                engine = Engine(bk, pool, env_map, play, emit, progress, env_error=EnvError)
+                mode = resolve_batching(batching, bk)
+                engine = Engine(bk, pool, env_map, play, emit, progress, env_error=EnvError, batching=mode)
                 t0 = time.perf_counter()
                 try:
                     stats = engine.run(todo)
@@ -181,8 +198,9 @@ def run(
         **_returns_summary(rows), "errors": errors, "quarantined": stats.quarantined,
         "turns": stats.turns, "generate_calls": stats.calls, "gen_tokens": stats.gen_tokens,
         "gen_tokens_per_s": round(stats.gen_tokens / stats.gen_s, 1) if stats.gen_s else None,
-        "sandbox_tier": tier_used,
+        "sandbox_tier": tier_used, "batching": mode,
     }
     stage.extra["sandbox"] = {"tier": tier_used}
+    stage.extra["batching"] = mode
     stage.commit(len(rows), summary)
     return summary

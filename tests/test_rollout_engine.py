@@ -7,6 +7,8 @@ when a test needs to choose the agent's words); the sandbox is the in-process st
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from spade_cli.episodes import Engine, EnvSource, PlayConfig, episode_specs, to_action
@@ -22,10 +24,10 @@ def _envs(*codes: str) -> dict[str, EnvSource]:
     return {env_id_for(c, HINT): EnvSource(env_id_for(c, HINT), c, HINT) for c in codes}
 
 
-def _play(backend, envs, k=2, **cfg):
-    rows, pool = [], StandInPool()
+def _play(backend, envs, k=2, batching="lockstep", pool=None, **cfg):
+    rows, pool = [], pool or StandInPool()
     engine = Engine(backend, pool, envs, PlayConfig(**{"max_turns": 3, "max_new_tokens": 16, **cfg}),
-                    rows.append, env_error=StandInError)
+                    rows.append, env_error=StandInError, batching=batching)
     stats = engine.run(episode_specs(list(envs), k, run_seed=7, iteration=2))
     return rows, stats, pool
 
@@ -208,3 +210,96 @@ def test_a_template_that_rewrites_history_is_spliced_turn_by_turn(tiny_model):
 def test_an_append_only_template_keeps_rendered_splicing(hf):
     rows, _, _ = _play(hf, _envs(GUESS), k=1, max_turns=2, max_new_tokens=8)
     assert {r.extra["splicing"] for r in rows} == {"rendered"}
+
+
+# -- continuous batching: each episode advances on its own -------------------------------------
+
+def _guess(seed: int) -> str:
+    """A reply that depends on the seed only, so thread scheduling cannot change what is sampled."""
+    return f"<think>t{seed % 7}</think>{seed % 10}"
+
+
+def _fake(tiny_model, **kw):
+    from spade_cli.backends.fake import FakeBackend
+
+    return FakeBackend(str(tiny_model), **{"reply": _guess, **kw})
+
+
+def _key(r) -> tuple:
+    return (r.tokens, r.turns, r.return_, r.messages, r.error, r.extra["stop"], r.terminated, r.truncated)
+
+
+@pytest.mark.integration
+def test_continuous_batching_gives_the_rows_of_lockstep(tiny_model):
+    envs = _envs(GUESS, NEVER)
+    lock_rows, lock_stats, _ = _play(_fake(tiny_model), envs, k=3, max_turns=5)
+    backend = _fake(tiny_model, delay=0.002)
+    rows, stats, _ = _play(backend, envs, k=3, max_turns=5, batching="continuous", max_concurrent=5)
+    assert len(rows) == len(lock_rows) == 12
+    lock = {r.episode_id: _key(r) for r in lock_rows}
+    assert {r.episode_id: _key(r) for r in rows} == lock
+    assert any(r.terminated for r in rows) and any(len(r.turns) == 5 for r in rows)  # both kinds of end
+    # one call per episode-turn instead of one per tick
+    assert stats.calls == backend.calls == sum(len(r.turns) for r in rows) > lock_stats.calls
+    assert stats.turns == lock_stats.turns and stats.gen_tokens == lock_stats.gen_tokens
+    assert stats.done == stats.total == 12 and 0 < stats.gen_s and 0 < stats.env_s
+
+
+@pytest.mark.integration
+def test_continuous_batching_never_exceeds_max_concurrent(tiny_model):
+    backend = _fake(tiny_model, delay=0.01)
+    rows, _, _ = _play(backend, _envs(NEVER, GUESS), k=4, max_turns=3, batching="continuous", max_concurrent=3)
+    assert len(rows) == 16 and all(r.error is None for r in rows)
+    assert backend.max_in_flight == 3  # reached, never passed
+
+
+@pytest.mark.integration
+def test_crash_at_turn_two_and_quarantine_under_continuous_batching(tiny_model):
+    envs = _envs(GUESS, CRASHER, RAISER)
+    rows, stats, _ = _play(_fake(tiny_model, delay=0.002), envs, k=3, max_turns=4, quarantine_after=3,
+                           error_return=-0.5, batching="continuous", max_concurrent=4)
+    by_env = {e: [r for r in rows if r.env_id == e] for e in envs}
+    assert len(rows) == 18 and len({r.episode_id for r in rows}) == 18
+    good, crash, raiser = (by_env[env_id_for(c, HINT)] for c in (GUESS, CRASHER, RAISER))
+    assert all(r.error is None and 0 <= r.return_ <= 1 for r in good)
+    assert all(r.error == "crashed" and r.return_ == -0.5 for r in crash)
+    assert all(len(r.turns) == 1 for r in crash if r.extra["stop"] == "error")  # turn 1 ok, died at 2
+    assert 3 <= sum(r.extra["stop"] == "error" for r in crash)  # quarantine came after three errors
+    assert all(r.error == "step_exception" for r in raiser)
+    assert set(stats.quarantined) == {env_id_for(CRASHER, HINT), env_id_for(RAISER, HINT)}
+    assert stats.errors["crashed"] == 6 and stats.done == 18
+    for r in rows:  # quarantined rows too: tokens stay aligned with what the model saw
+        t = r.tokens
+        assert len(t["completion_ids"]) == len(t["env_mask"]) == len(t["logprobs"])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("batching", ["lockstep", "continuous"])
+def test_an_episode_that_stepped_before_its_worker_died_is_replayed(tiny_model, batching):
+    from spade_cli.episodes import turn_seed
+
+    never_boom = BOOM.replace("int(self.np_random.integers(0, 10))", "10 + int(self.np_random.integers(0, 10))")
+    envs = _envs(never_boom)
+    specs = episode_specs(list(envs), 1, run_seed=7, iteration=2)
+    survivor, killer = specs  # lockstep steps the survivor first, then the killer kills the worker
+    says = {turn_seed(survivor.episode_id, t): str(t + 1) for t in range(3)}
+    says[turn_seed(killer.episode_id, 0)] = "boom"
+    pool = StandInPool()
+
+    def reply(seed: int) -> str:
+        # The survivor's second reply waits until the killer's step is under way, so under
+        # continuous batching too the survivor has stepped once on the worker that then dies.
+        if seed == turn_seed(survivor.episode_id, 1):
+            deadline = time.monotonic() + 10
+            while (killer.episode_id, "boom") not in pool.steps and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return says.get(seed, "9")
+
+    rows, stats, pool = _play(_fake(tiny_model, reply=reply), envs, k=1, max_turns=3, quarantine_after=3,
+                              batching=batching, pool=pool)
+    by_id = {r.episode_id: r for r in rows}
+    dead, alive = by_id[killer.episode_id], by_id[survivor.episode_id]
+    assert dead.error == "crashed" and dead.turns == []
+    assert alive.error is None and [t["action"] for t in alive.turns] == ["1", "2", "3"]
+    assert len(pool.opened) == 2 and not stats.quarantined
+    assert [o["observation"] for o in alive.turns][-1].endswith("(turn 3)")

@@ -10,6 +10,11 @@ The tokenizer is the model's own when ``model`` is a checkpoint directory, so pr
 ids are real; otherwise a byte-level stand-in (one id per UTF-8 byte, ids 0-255, EOS 256) that
 also renders chats. Log-probs are a constant -1.0 per token so training code has numbers to use.
 
+Test hooks for the rollout engine's continuous batching: ``reply(seed) -> str`` makes a sample
+depend on its seed only (not on call order, which threads make arbitrary); ``delay`` seconds of
+"generation" per call; ``in_flight`` / ``max_in_flight`` count concurrent calls; setting
+``continuous = True`` on an instance makes ``spade rollout --batching auto`` choose continuous.
+
     backend = FakeBackend("ckpt/tiny", outputs=["```python\\nclass E: ...\\n```"])
 """
 
@@ -17,6 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +54,15 @@ class FakeBackend:
     """Scripted outputs behind the ``Backend`` interface; ``calls`` counts ``generate`` calls."""
 
     name = "fake"
+    continuous = False
 
-    def __init__(self, model: str, outputs: list[str] | None = None, **_: Any) -> None:
+    def __init__(self, model: str, outputs: list[str] | None = None, reply: Callable[[int], str] | None = None,
+                 delay: float = 0.0, **_: Any) -> None:
         self.model = str(model)
         self.calls = 0
+        self.reply, self.delay = reply, delay
+        self.in_flight = self.max_in_flight = 0
+        self._lock = threading.Lock()
         self.requests: list[tuple[list[list[int]], int, Sampling]] = []
         if outputs is None and os.environ.get("SPADE_FAKE_OUTPUTS"):
             outputs = json.loads(Path(os.environ["SPADE_FAKE_OUTPUTS"]).read_text())
@@ -69,13 +82,28 @@ class FakeBackend:
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
                  seeds: list[int] | None = None) -> list[list[GenSample]]:
-        self.calls += 1
-        self.requests.append(([list(p) for p in prompts], n, sampling))
+        with self._lock:
+            self.calls += 1
+            self.requests.append(([list(p) for p in prompts], n, sampling))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            time.sleep(self.delay)
+            if self.reply:  # outside the lock: a test's reply may wait for another episode
+                return self._samples(prompts, n, sampling, seeds)
+            with self._lock:  # the script is handed out in call order
+                return self._samples(prompts, n, sampling, seeds)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _samples(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None) -> list[list[GenSample]]:
         out = []
-        for _ in prompts:
+        for i in range(len(prompts)):
             group = []
             for _ in range(n):
-                text = self._script()
+                text = self.reply(seeds[i] if seeds else 0) if self.reply else self._script()
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False))[:sampling.max_tokens]
                 finish = "length" if len(ids) == sampling.max_tokens else "stop"
                 group.append(GenSample(token_ids=ids, text=self.tokenizer.decode(ids), logprobs=[-1.0] * len(ids),

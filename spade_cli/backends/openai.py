@@ -53,6 +53,9 @@ class OpenAIBackend:
     """HTTP client for ``/v1/completions``; ``calls`` counts ``generate`` calls, ``requests`` HTTP posts."""
 
     name = "openai"
+    # The server batches whatever requests are in flight, so `spade rollout` lets each episode
+    # advance on its own (continuous batching) instead of waiting for the slowest reply of a tick.
+    continuous = True
 
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", api_key: str | None = None,
                  concurrency: int = 8, timeout: float = 600.0, served_model: str | None = None,

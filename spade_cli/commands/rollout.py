@@ -91,7 +91,10 @@ def rollout(
         rich_help_panel=GEN)] = True,
     max_concurrent: Annotated[int, typer.Option(
         "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "
-        "model.generate).", rich_help_panel=GEN)] = 256,
+        "model.generate); with continuous batching, the requests in flight.", rich_help_panel=GEN)] = 256,
+    batching: Annotated[str, typer.Option(
+        "--batching", help="auto, lockstep (one batched generate call per turn) or continuous (each "
+        "episode advances on its own); auto: continuous for openai.", rich_help_panel=GEN)] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="hf backend weights dtype.", rich_help_panel=GEN)]
     = "float32",
     tier: Annotated[str, typer.Option("--tier", help="Sandbox tier: auto, process or strong.")] = "auto",
@@ -108,14 +111,15 @@ def rollout(
 ) -> None:
     """Play each valid environment k times without and k times with its hint, on the same seeds.
 
-    All active episodes take a turn together (one batched generate call per turn); env steps run in sandboxed workers. A rerun after a crash plays only the missing episodes.
+    All active episodes take a turn together (one batched generate call per turn), or with continuous batching (openai) each advances on its own; env steps run in sandboxed workers. A rerun after a crash plays only the missing episodes.
 
     Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 4 --out rollouts.jsonl[/]
     """
     from spade_cli.episodes import PlayConfig
     from stages import rollout as stage
 
-    for name, value, allowed in (("--tier", tier, ("auto", "process", "strong")),
+    for name, value, allowed in (("--batching", batching, stage.BATCHING),
+                                 ("--tier", tier, ("auto", "process", "strong")),
                                  ("--min-tier", min_tier, ("process", "strong"))):
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
@@ -132,7 +136,7 @@ def rollout(
     try:
         summary = stage.run(model, envs, Path(out), k, iteration=iteration, seed=seed, backend=backend,
                             base_url=base_url, shard=shard, play=play, tier=tier,
-                            min_tier=min_tier, force=force,
+                            min_tier=min_tier, force=force, batching=batching,
                             progress=progress, backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
                                             if backend == "hf" else None))
     finally:
