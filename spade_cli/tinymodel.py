@@ -2,8 +2,8 @@
 
 Tests, the CPU quickstart and users without hub access need a model that every library in the
 loop loads: transformers, TRL, lm-eval and vLLM (whose CPU kernels want head_dim 64). This module
-trains a byte-level BPE tokenizer on text that ships with Python and spade (so there is no
-out-of-vocabulary byte and no download), attaches a Qwen3-style chat template with the ``<think>``
+trains a byte-level BPE tokenizer on text that ships with Python and spade's bundled data (so there
+is no out-of-vocabulary byte and no download), attaches a Qwen3-style chat template with the ``<think>``
 and tool-call tokens, and saves a ``Qwen3ForCausalLM`` with ``save_pretrained``.
 
 The chat template keeps assistant messages verbatim (Qwen3's own template drops earlier
@@ -74,15 +74,15 @@ SIZES = {
 
 
 def training_text() -> list[str]:
-    """Offline text for the tokenizer: spade's own sources and data plus a few stdlib modules,
-    so Python code, JSON and English prose are all represented."""
+    """Offline text for the tokenizer: spade's bundled data (corpus, example environments) and a few
+    stdlib modules, so Python code, JSON and English prose are all represented. spade's own source
+    is left out on purpose: the tokenizer, hence the tiny model, must not change with every commit."""
     import json as json_mod
     import string
     import textwrap
 
-    here = Path(__file__).resolve().parent
-    files = sorted(here.parent.glob("spade_cli/**/*.py")) + sorted(here.parent.glob("stages/*.py"))
-    files += sorted((here / "data").glob("**/*")) if (here / "data").exists() else []
+    data = Path(__file__).resolve().parent / "data"
+    files = sorted(f for f in data.glob("**/*") if f.suffix in (".py", ".hint", ".jsonl", ".txt", ".yaml"))
     files += [Path(m.__file__) for m in (json_mod, string, textwrap)]
     texts = []
     for f in files:

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -45,6 +46,10 @@ from pathlib import Path
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.records import Design, env_id_for, to_row, validation_from
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
+
+# CPython 3.11 keeps the AST builder's recursion counter per interpreter, not per thread: parses
+# from concurrent validation threads corrupt it and raise a spurious SystemError (gh-106905).
+_PARSE_LOCK = threading.Lock()
 
 SCRIPTED = ["", "1", "yes", "look", "0", "a", "hello world", "2", "no",
             '{"tool": "search", "arguments": {"query": "x"}}', "north", "42", "help", "b", "3", "quit"]
@@ -81,7 +86,8 @@ def static_checks(code: object, max_chars: int, ch: Checks) -> bool:
     ch.add("size", True, f"<= {max_chars}", t0)
     t0 = time.perf_counter()
     try:
-        tree = ast.parse(code)
+        with _PARSE_LOCK:
+            tree = ast.parse(code)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
         return ch.add("syntax", False, f"{type(exc).__name__}: {exc}", t0, "syntax_error")
     ch.add("syntax", True, "parses", t0)
