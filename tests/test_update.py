@@ -260,7 +260,11 @@ def test_two_processes_match_one(artifacts: dict, tiny_model: Path, tmp_path: Pa
     reports = [json.loads((tmp_path / n / "update.json").read_text())["metrics"] for n in ("one", "two")]
     assert reports[1]["processes"] == 2
     assert reports[1]["grad_norm"]["max"] == pytest.approx(reports[0]["grad_norm"]["max"], rel=1e-4)
-    assert _changed(_params(tmp_path / "one"), _params(tmp_path / "two")) < 1e-5
+    # The gradients agree to 1e-4 (above); the weights after one Adam step agree up to float noise,
+    # which Adam amplifies on coordinates whose gradient is ~0 (the step is ~lr * sign there), so
+    # compare the disagreement with the size of the update itself.
+    base, one_w, two_w = _params(tiny_model), _params(tmp_path / "one"), _params(tmp_path / "two")
+    assert _changed(one_w, two_w) < 0.05 * _changed(base, one_w)
 
 
 def test_designer_reward_comes_from_the_designs_score_row(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
