@@ -6,6 +6,11 @@ version newer than this build knows is refused, because silently reading a futur
 drop fields a later stage relies on. Fields not named here survive in ``extra`` and are written
 back unchanged, so adding a field never needs a schema bump.
 
+Rows come from files a user or another tool wrote, so they are untrusted: ``parse`` decodes the
+known fields against the dataclass's annotations with msgspec (``str | None`` really is a string or
+null, ``int`` is not a bool or a float) and refuses values the contract bounds, such as an
+episode's return. Every refusal is a ``SchemaError`` naming the field; the reader adds file and line.
+
 Example::
 
     rec = parse({"schema": "spade.design/1", "code": "...", "hint": "..."})
@@ -17,9 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 
 class SchemaError(ValueError):
@@ -59,7 +68,8 @@ class Design:
 @dataclass(frozen=True)
 class Validation(Design):
     schema = "spade.validation/1"
-    valid: bool = False
+    # Required: a row without a verdict must not pass for an invalid design (nor a valid one).
+    valid: bool = field(kw_only=True)
     reason: str | None = None
     checks: list = field(default_factory=list)
     stats: dict = field(default_factory=dict)
@@ -196,7 +206,57 @@ def parse(row: dict, expect: str | tuple[str, ...] | None = None) -> Record:
     ]
     if missing:
         raise SchemaError(f"{row['schema']} row lacks required field(s): {', '.join(missing)}")
-    return cls(**known, extra=extra)
+    try:
+        rec = msgspec.convert({**known, "extra": extra}, cls)
+    except msgspec.ValidationError as exc:
+        raise SchemaError(_field_message(str(exc), known)) from None
+    bad = _out_of_bounds(rec)
+    if bad:
+        raise SchemaError(bad)
+    return rec
+
+
+# msgspec's names for JSON types -> the words of our messages.
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "object": "an object", "array": "a list", "null": "null"}
+_MSGSPEC_ERROR = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)` - at `\$\.(?P<path>[^`]+)`")
+
+
+def _field_message(msg: str, known: dict[str, Any]) -> str:
+    """'Expected `str | null`, got `int` - at `$.code`' -> "field 'code' must be a string or null,
+    got 123": the field as the row spells it, the value as the user wrote it."""
+    m = _MSGSPEC_ERROR.fullmatch(msg)
+    if not m:
+        return msg
+    name = m["path"].split(".")[0].split("[")[0]
+    key = {v: k for k, v in _RENAMED.items()}.get(name, name)
+    want = " or ".join(_TYPE_WORDS.get(t, t) for t in m["want"].split(" | "))
+    got = reprlib.repr(known[name]) if name in known else _TYPE_WORDS.get(m["got"], m["got"])
+    return f"field {key!r} must be {want}, got {got}"
+
+
+# The env contract bounds an episode's return to [0, 1] (DESIGN §4), with the 1e-6 slack for float
+# sums that validation and the episode engine allow. An episode that ended in an env error records
+# rollout's --error-return instead, which rollout bounds to ERROR_RETURN_RANGE.
+RETURN_SLACK = 1e-6
+ERROR_RETURN_RANGE = (-1.0, 1.0)
+
+
+def return_problem(ret: float, error: str | None) -> str | None:
+    """Why an episode return breaks the contract, or None. Shared with regret's fast scan."""
+    lo, hi = ERROR_RETURN_RANGE if error is not None else (-RETURN_SLACK, 1 + RETURN_SLACK)
+    if lo <= ret <= hi:  # False for NaN as well
+        return None
+    if error is not None:
+        return (f"field 'return' must lie in [{lo:g}, {hi:g}] for an episode that ended in an error "
+                f"(rollout's --error-return), got {ret!r}")
+    return f"field 'return' must lie in [0, 1] (the env contract), got {ret!r}"
+
+
+def _out_of_bounds(rec: Record) -> str | None:
+    if isinstance(rec, Rollout):
+        return return_problem(rec.return_, rec.error)
+    return None
 
 
 def to_row(rec: Record) -> dict:

@@ -62,3 +62,39 @@ def test_validation_carries_every_design_field():
     row = to_row(v)
     assert row["schema"] == "spade.validation/1" and row["title"] == "t" and row["iteration"] == 4
     assert row["reason"] == "syntax_error" and row["k"] == 1 and row["env_id"] == d.env_id
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"schema": "spade.design/1", "code": 123}, "field 'code' must be a string or null, got 123"),
+    ({"schema": "spade.validation/1", "code": "x", "hint": ["a"], "valid": True},
+     "field 'hint' must be a string or null, got ['a']"),
+    ({"schema": "spade.validation/1", "env_id": 12345, "code": "x", "valid": True},
+     "field 'env_id' must be a string, got 12345"),
+    ({"schema": "spade.validation/1", "code": "x", "valid": 1}, "field 'valid' must be true or false, got 1"),
+    ({"schema": "spade.design/1", "iteration": 1.5}, "field 'iteration' must be an integer, got 1.5"),
+    ({"schema": "spade.rollout/1", "episode_id": "e", "env_id": "a", "iteration": 0, "hinted": True, "seed": 1,
+      "pair": 0, "return": "1"}, "field 'return' must be a number, got '1'"),
+])
+def test_fields_are_decoded_against_their_types(row, message):
+    with pytest.raises(SchemaError) as exc:
+        parse(row)
+    assert str(exc.value) == message
+
+
+def test_a_validation_row_needs_its_verdict():
+    with pytest.raises(SchemaError, match=r"lacks required field\(s\): valid"):
+        parse({"schema": "spade.validation/1", "code": "x", "hint": "h"})
+
+
+@pytest.mark.parametrize("ret, error, ok", [
+    (1.0, None, True), (0.0, None, True), (1 + 1e-7, None, True), (7.5, None, False), (-0.25, None, False),
+    (float("nan"), None, False), (-0.5, "crashed", True), (-1.0, "step_timeout", True), (-2.0, "crashed", False),
+])
+def test_episode_return_bounds(ret, error, ok):
+    row = {"schema": "spade.rollout/1", "episode_id": "e", "env_id": "a", "iteration": 0, "hinted": True,
+           "seed": 1, "pair": 0, "return": ret, "error": error}
+    if ok:
+        assert parse(row).return_ == ret
+    else:
+        with pytest.raises(SchemaError, match="field 'return' must lie in"):
+            parse(row)
