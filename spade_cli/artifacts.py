@@ -11,13 +11,15 @@ Every stage follows one protocol (DESIGN §2, STYLE §4):
 3. ``Stage.commit`` fsyncs, renames the partial onto ``OUT`` and writes the manifest last: the
    manifest's existence means the output is complete.
 
-Input rows are read with ``read_rows``, which names the file and line of any bad row.
+Input rows are read with ``read_rows``, which names the file and line of any bad row. Output
+paths are checked by ``check_output`` before any work starts (``Stage.begin`` for the static checks,
+``Stage.check`` for writability once there is work to do): an output that is an input, a directory,
+a device, or under a path that cannot be written is a usage error, exit 2.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -31,44 +33,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from spade_cli import __version__
+from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them from here)
+    InputError,
+    OutputError,
+    SpadeError,
+    check_output,
+    expand_inputs,
+)
 from spade_cli.records import Record, SchemaError, parse, to_row
-
-
-class SpadeError(Exception):
-    """An error the user can act on: printed without a traceback, exit code 1."""
-
-
-class InputError(SpadeError):
-    """A bad input row or file; the message names the file and line."""
-
-    def __init__(self, path: str | Path, line: int | None, why: str):
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {why}")
-        self.path, self.line = str(path), line
-
-
-def expand_inputs(specs: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Several files, comma-separated lists or globs (Slurm shards) -> sorted, de-duplicated paths."""
-    if isinstance(specs, str | Path):
-        specs = [specs]
-    out: list[Path] = []
-    for spec in specs:
-        for part in str(spec).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if any(ch in part for ch in "*?["):
-                hits = sorted(glob.glob(part))
-                if not hits:
-                    raise InputError(part, None, "the glob matches no file")
-                out.extend(Path(h) for h in hits)
-            else:
-                p = Path(part)
-                if not p.exists():
-                    raise InputError(p, None, "no such file")
-                out.append(p)
-    seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
 
 
 def json_line(path: str | Path, lineno: int, raw: bytes) -> Any:
@@ -224,10 +196,14 @@ class Stage:
     warnings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    out_kind: str = "file"
+
     @classmethod
     def begin(cls, name: str, out: str | Path, config: dict, inputs: dict[str, Iterable[str | Path]],
-              force: bool = False) -> Stage:
-        stage = cls(name, Path(out), dict(config), force=force)
+              force: bool = False, out_kind: str = "file") -> Stage:
+        inputs = {role: list(paths) for role, paths in inputs.items()}
+        check_output(out, [p for paths in inputs.values() for p in paths], kind=out_kind, writable=False)
+        stage = cls(name, Path(out), dict(config), force=force, out_kind=out_kind)
         stage.inputs = {role: [fingerprint(p) for p in paths] for role, paths in inputs.items()}
         return stage
 
@@ -270,6 +246,8 @@ class Stage:
             return True
         if st not in ("new", "up to date") and not self.force:
             raise SpadeError(f"{self.out} exists from another run ({st}); pass --force to overwrite it")
+        # only now, with work to do: a finished run on a read-only mount is still "up to date"
+        check_output(self.out, kind=self.out_kind)
         return False
 
     # -- resumable output -------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def command(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except SpadeError as exc:
             console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(getattr(exc, "exit_code", 1)) from None  # OutputError: usage, 2
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; rerun the same command to resume[/]")
             raise typer.Exit(130) from None

@@ -209,7 +209,7 @@ def parse(row: dict, expect: str | tuple[str, ...] | None = None) -> Record:
     try:
         rec = msgspec.convert({**known, "extra": extra}, cls)
     except msgspec.ValidationError as exc:
-        raise SchemaError(_field_message(str(exc), known)) from None
+        raise SchemaError(field_message(str(exc), known)) from None
     bad = _out_of_bounds(rec)
     if bad:
         raise SchemaError(bad)
@@ -222,7 +222,7 @@ _TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "boo
 _MSGSPEC_ERROR = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)` - at `\$\.(?P<path>[^`]+)`")
 
 
-def _field_message(msg: str, known: dict[str, Any]) -> str:
+def field_message(msg: str, known: dict[str, Any]) -> str:
     """'Expected `str | null`, got `int` - at `$.code`' -> "field 'code' must be a string or null,
     got 123": the field as the row spells it, the value as the user wrote it."""
     m = _MSGSPEC_ERROR.fullmatch(msg)

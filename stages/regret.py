@@ -23,8 +23,9 @@ idempotent.
 
 Rollouts are streamed: each line is hashed for the manifest and parsed in the same pass, and the
 token arrays (the bulk of every row) are cut out unparsed when they form a flat object of numbers,
-so 100k rows take seconds (recipes/bench_regret.py). Only (env_id, hinted, pair, return, error)
-is kept per episode. Formulas and design choices: docs/regret.md.
+so 100k rows take seconds (recipes/bench_regret.py; the scan lives in ``spade_cli.rollout_scan``).
+Only (env_id, hinted, pair, return, error) is kept per episode; a repeated ``episode_id`` is counted
+once when identical and refused when not. Formulas and design choices: docs/regret.md.
 
 Example::
 
@@ -36,189 +37,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from spade_cli import curriculum
 from spade_cli.artifacts import (
-    InputError,
     SpadeError,
     Stage,
+    check_output,
     expand_inputs,
     fingerprint,
-    json_line,
     manifest_path,
     read_rows,
     sha256_file,
     write_jsonl,
 )
-from spade_cli.records import Memory, SchemaError, Score, Validation, to_row, upgrade
+from spade_cli.records import (
+    Memory,
+    Score,
+    Validation,
+    to_row,
+)
+from spade_cli.rollout_scan import scan_rollouts
 
 STAGE = "regret"
-
-
-# -- rollouts --------------------------------------------------------------------------------------
-def _flat_object(buf: bytes, start: int, end: int) -> bool:
-    """True when ``buf[start:end + 1]`` (from a ``{`` to the first ``}`` after it) is a complete
-    object whose only strings are its keys: no nested object, no escape, every quoted run followed
-    by a colon. Then no ``}`` can hide inside a string, so cutting it out leaves valid JSON with
-    every other field unchanged. Only single-byte finds (memchr), so the token arrays are scanned
-    at memory speed."""
-    if buf.find(b"{", start + 1, end) >= 0 or buf.find(b"\\", start, end) >= 0:
-        return False
-    q = buf.find(b'"', start, end)
-    while q >= 0:
-        close = buf.find(b'"', q + 1, end)
-        if close < 0:
-            return False
-        j = close + 1
-        while j < end and buf[j] in b" \t\r\n":
-            j += 1
-        if j >= end or buf[j] != 58:  # ':'
-            return False
-        q = buf.find(b'"', j, end)
-    return True
-
-
-def _cut_tokens(buf: bytes, s: int = 0, e: int | None = None) -> bytes:
-    """Line ``buf[s:e]`` with its ``"tokens": {...}`` value replaced by null when that value is a
-    flat object of numbers (``_flat_object``); otherwise the line unchanged, for the JSON parser.
-    The token arrays of a rollout are therefore not validated here (`spade update` reads them)."""
-    e = len(buf) if e is None else e
-    k = buf.find(b'"tokens":', s, e)
-    if k < 0:
-        return buf[s:e]
-    start = k + 9
-    while start < e and buf[start] in b" \t":
-        start += 1
-    if start >= e or buf[start] != 123:  # '{'
-        return buf[s:e]
-    end = buf.find(b"}", start, e)
-    if end < 0 or not _flat_object(buf, start, end):
-        return buf[s:e]
-    return buf[s:start] + b"null" + buf[end + 1:e]
-
-
-def _episode(path: Path, lineno: int, raw: bytes) -> tuple[str, bool, int, float, str | None]:
-    row = json_line(path, lineno, raw)
-    try:
-        if not isinstance(row, dict):
-            raise SchemaError(f"a record must be a JSON object, got {type(row).__name__}")
-        if row.get("schema") != "spade.rollout/1":
-            row = upgrade(row)
-            if not row["schema"].startswith("spade.rollout/"):
-                raise SchemaError(f"expected a spade.rollout row, got {row['schema']!r}")
-        missing = [f for f in ("env_id", "hinted", "pair", "return") if f not in row]
-        if missing:
-            raise SchemaError(f"spade.rollout/1 row lacks required field(s): {', '.join(missing)}")
-        env_id, hinted, pair, ret, err = (row["env_id"], row["hinted"], row["pair"], row["return"],
-                                          row.get("error"))
-        if not isinstance(env_id, str) or not env_id:
-            raise SchemaError(f"env_id must be a non-empty string, got {env_id!r}")
-        if not isinstance(hinted, bool):
-            raise SchemaError(f"hinted must be true or false, got {hinted!r}")
-        if not isinstance(pair, int) or isinstance(pair, bool):
-            raise SchemaError(f"pair must be an integer, got {pair!r}")
-        if not isinstance(ret, int | float) or isinstance(ret, bool) or not math.isfinite(ret):
-            raise SchemaError(f"return must be a finite number, got {ret!r}")
-        if err is not None and not isinstance(err, str):
-            raise SchemaError(f"error must be null or a reason code, got {err!r}")
-    except SchemaError as exc:
-        raise InputError(path, lineno, str(exc)) from None
-    return env_id, hinted, pair, float(ret), err
-
-
-def _fast_decoder() -> Callable[[bytes], tuple | None] | None:
-    """With msgspec installed, a decoder of the five fields that skips the rest in C (~5x faster than
-    json.loads). It returns None for anything it does not accept outright; ``_episode`` then reads
-    the row and names the exact problem, so both paths accept and refuse the same rows."""
-    try:
-        import msgspec
-    except ImportError:
-        return None
-
-    class Episode(msgspec.Struct):
-        schema: str
-        env_id: str
-        hinted: bool
-        pair: int
-        ret: float = msgspec.field(name="return")
-        error: str | None = None
-
-    dec = msgspec.json.Decoder(Episode)
-
-    def decode(raw: bytes) -> tuple | None:
-        try:
-            ep = dec.decode(raw)
-        except msgspec.DecodeError:
-            return None
-        if ep.schema != "spade.rollout/1" or not ep.env_id or not math.isfinite(ep.ret):
-            return None
-        return ep.env_id, ep.hinted, ep.pair, ep.ret, ep.error
-
-    return decode
-
-
-def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
-                  ) -> tuple[dict[str, dict], list[dict]]:
-    """One streaming pass: per-env returns grouped by side and pair, plus each file's fingerprint
-    (the same sha256 and row count ``artifacts.fingerprint`` gives). sha256 runs in a helper thread
-    (hashlib releases the GIL), overlapping the parse of the same block. An episode of an env that
-    is neither a valid env of this iteration nor in memory is a bad row."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    envs: dict[str, dict] = {}
-    fps = []
-
-    fast = _fast_decoder()
-
-    def take(path: Path, lineno: int, raw: bytes) -> None:
-        if not raw.strip():
-            return
-        ep = fast(raw) if fast else None
-        env_id, hinted, pair, ret, err = ep or _episode(path, lineno, raw)
-        if env_id not in known:
-            raise InputError(path, lineno, f"episode of env {env_id!r}, which is neither a valid env of "
-                             "--envs nor in --memory")
-        st = envs.get(env_id)
-        if st is None:
-            st = envs[env_id] = {"h": defaultdict(list), "u": defaultdict(list), "h_err": 0, "u_err": 0}
-        st["h" if hinted else "u"][pair].append(ret)
-        if err is not None:
-            st["h_err" if hinted else "u_err"] += 1
-
-    # Two reusable buffers, filled with readinto: no fresh 8 MB allocation (and its page faults) per
-    # block, and the helper thread hashes one buffer while the next is read into the other.
-    bufs = [bytearray(chunk), bytearray(chunk)]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for path in paths:
-            h, lineno, keep, pending, which = hashlib.sha256(), 0, b"", None, 0
-            with open(path, "rb") as fh:
-                while True:
-                    buf = bufs[which]
-                    if len(buf) < len(keep) + chunk:  # a line longer than a block
-                        buf = bufs[which] = bytearray(len(keep) + chunk)
-                    buf[:len(keep)] = keep
-                    got = fh.readinto(memoryview(buf)[len(keep):])
-                    if pending is not None:
-                        pending.result()
-                    if not got:
-                        break
-                    end = len(keep) + got
-                    pending = pool.submit(h.update, memoryview(buf)[len(keep):end])
-                    pos = 0
-                    while (nl := buf.find(b"\n", pos, end)) >= 0:
-                        lineno += 1
-                        take(path, lineno, _cut_tokens(buf, pos, nl))
-                        pos = nl + 1
-                    keep, which = bytes(buf[pos:end]), 1 - which
-            if keep.strip():
-                take(path, lineno + 1, _cut_tokens(keep))
-            fps.append({"path": str(path), "sha256": h.hexdigest(), "rows": lineno})
-    return envs, fps
 
 
 # -- memory ----------------------------------------------------------------------------------------
@@ -293,13 +135,21 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     out, mem_path = Path(out), Path(memory) if memory else None
     replay_path = Path(replay_out) if replay and replay_out else None
     env_paths, roll_paths = expand_inputs(envs), expand_inputs(rollouts)
+    # every output checked before the scan: a typo in --out must not cost a pass over the rollouts
+    ins, mem = [*env_paths, *roll_paths], [mem_path] if mem_path else []
+    check_output(out, [*ins, *mem])
+    if mem_path:  # the memory is merged in place (module docstring): it may only be itself
+        check_output(mem_path, ins, flag="--memory")
+    if replay_path:
+        check_output(replay_path, [*ins, *mem, out], flag="--replay-out")
     designs = [rec for _, _, rec in read_rows(env_paths, expect="spade.validation")]
     it = _iteration_of(designs, iteration)
     mem_rows = load_memory(mem_path)
     valid = {r.env_id: r for r in designs if r.valid}
     known = set(valid) | {r["env_id"] for r in mem_rows}
     t_read = time.time()
-    per_env, roll_fps = scan_rollouts(roll_paths, known)
+    warnings: list[str] = []
+    per_env, roll_fps = scan_rollouts(roll_paths, known, warnings=warnings)
     t_scan = time.time()
 
     config = {"signal": signal, "clip_negative": clip_negative, "invalid_reward": invalid_reward,
@@ -328,7 +178,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     history = {r["env_id"]: [h["unhinted_success"] for h in r["history"]
                              if h.get("unhinted_success") is not None] for r in merged}
 
-    rows, warnings = [], []
+    rows = []
     for rec in designs:
         s = stats[rec.env_id] if rec.valid else curriculum.env_stats(per_env.get(rec.env_id),
                                                                      success_threshold)
@@ -385,7 +235,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "replayed_played": len(replayed),
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_path else None, "replay": len(picked),
-               "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done)}
+               "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done),
+               "warnings": warnings}
     stage.warnings.extend(warnings)
     stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3)})
     stage.extra.update({"diversity": div, "side_outputs": side})

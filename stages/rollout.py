@@ -36,7 +36,7 @@ from typing import Any
 
 from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs
-from spade_cli.records import Validation
+from spade_cli.records import ERROR_RETURN_RANGE, Validation
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
@@ -126,6 +126,9 @@ def run(
     if batching not in BATCHING:
         raise ValueError(f"--batching must be one of {', '.join(BATCHING)}, got {batching!r}")
     play = play or PlayConfig(seed=seed)
+    lo, hi = ERROR_RETURN_RANGE  # readers refuse rows outside it (records.return_problem)
+    if not lo <= play.error_return <= hi:
+        raise ValueError(f"--error-return must lie in [{lo:g}, {hi:g}], got {play.error_return}")
     if play.seed != seed:
         play = PlayConfig(**{**play.__dict__, "seed": seed})
     shard_t = parse_shard(shard)

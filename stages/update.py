@@ -439,7 +439,7 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     # Input paths are identified by content in the manifest; the config compares only the knobs.
     semantic = {k: v for k, v in asdict(cfg).items() if k not in ("designs", "rollouts", "scores", "out")}
     out = Path(cfg.out)
-    stage = Stage.begin("update", out, semantic, inputs, force=force)
+    stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():
         return {"status": "up to date", "out": str(out)}
 

@@ -109,7 +109,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
                         "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
                         "enable_thinking": enable_thinking}
     inputs = {"model": [model]} if Path(model).exists() else {}
-    stage = Stage.begin("warmstart", out, config, inputs, force=force)
+    stage = Stage.begin("warmstart", out, config, inputs, force=force, out_kind="dir")
     if stage.check():
         return {"status": "up to date", "out": str(out)}
 

@@ -11,6 +11,7 @@ import pytest
 from spade_cli import curriculum
 from spade_cli.artifacts import InputError
 from spade_cli.records import Validation
+from spade_cli import rollout_scan as scan
 from stages import regret as stage
 
 pytestmark = pytest.mark.unit
@@ -85,26 +86,31 @@ def test_cut_tokens_keeps_every_other_field() -> None:
            "messages": [{"role": "user", "content": 'a "tokens": {"x": "}"} trap'}], "error": None}
     for text in (json.dumps(row), json.dumps(row, separators=(",", ":"))):
         raw = text.encode()
-        cut = json.loads(stage._cut_tokens(raw))
+        cut = json.loads(scan._cut_tokens(raw))
         assert cut["tokens"] is None
         assert {k: v for k, v in cut.items() if k != "tokens"} == {k: v for k, v in row.items() if k != "tokens"}
     # a tokens object holding strings is not cut (the parser reads it whole)
     odd = json.dumps({**row, "tokens": {"note": "}{"}}).encode()
-    assert stage._cut_tokens(odd) == odd
+    assert scan._cut_tokens(odd) == odd
 
 
 def test_episode_rejects_bad_fields(tmp_path) -> None:
     good = {"schema": "spade.rollout/1", "episode_id": "e", "env_id": "a", "iteration": 0, "hinted": False,
             "seed": 1, "pair": 0, "return": 1.0, "error": None}
-    assert stage._episode(tmp_path, 1, json.dumps(good).encode()) == ("a", False, 0, 1.0, None)
-    for bad, why in [({"return": "1"}, "return must be a finite number"), ({"hinted": 1}, "hinted must be"),
-                     ({"pair": 1.5}, "pair must be an integer"), ({"schema": "spade.score/1"}, "expected a spade.rollout"),
-                     ({"schema": "spade.rollout/9"}, "newer than this spade")]:
+    assert scan._episode(tmp_path, 1, json.dumps(good).encode()) == ("e", "a", False, 0, 1.0, None)
+    for bad, why in [({"return": "1"}, "field 'return' must be a number"),
+                     ({"hinted": 1}, "field 'hinted' must be true or false"),
+                     ({"pair": 1.5}, "field 'pair' must be an integer"),
+                     ({"schema": "spade.score/1"}, "expected a spade.rollout"),
+                     ({"schema": "spade.rollout/9"}, "newer than this spade"),
+                     ({"return": 7.5}, r"field 'return' must lie in \[0, 1\]"),
+                     ({"return": -2.0, "error": "crashed"}, r"must lie in \[-1, 1\]"),
+                     ({"env_id": ""}, "field 'env_id' must be a non-empty string")]:
         with pytest.raises(InputError, match=why) as exc:
-            stage._episode(tmp_path / "r.jsonl", 7, json.dumps({**good, **bad}).encode())
+            scan._episode(tmp_path / "r.jsonl", 7, json.dumps({**good, **bad}).encode())
         assert str(exc.value).startswith(f"{tmp_path / 'r.jsonl'}:7:")
     with pytest.raises(InputError, match="lacks required field"):
-        stage._episode(tmp_path, 2, json.dumps({k: v for k, v in good.items() if k != "return"}).encode())
+        scan._episode(tmp_path, 2, json.dumps({k: v for k, v in good.items() if k != "return"}).encode())
 
 
 def _stats(regret: float, success: float) -> dict:
@@ -152,20 +158,20 @@ def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> 
     from spade_cli.artifacts import fingerprint
 
     if not fast:
-        monkeypatch.setattr(stage, "_fast_decoder", lambda: None)
-    rows = [{"schema": "spade.rollout/1", "env_id": "a", "hinted": h, "pair": p, "return": r, "error": e,
-             "tokens": {"prompt_ids": [1, 2, 3], "logprobs": [None, -0.5]}}
+        monkeypatch.setattr(scan, "_fast_decoder", lambda: None)
+    rows = [{"schema": "spade.rollout/1", "episode_id": f"e{p}{h}", "env_id": "a", "hinted": h, "pair": p,
+             "return": r, "error": e, "tokens": {"prompt_ids": [1, 2, 3], "logprobs": [None, -0.5]}}
             for h, p, r, e in [(True, 0, 1, None), (False, 0, 0.25, "step_timeout"), (True, 1, 0.5, None)]]
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    envs, fps = stage.scan_rollouts([path], {"a"}, chunk=7)  # tiny chunks: lines cross block edges
+    envs, fps = scan.scan_rollouts([path], {"a"}, chunk=7)  # tiny chunks: lines cross block edges
     assert fps == [{k: v for k, v in fingerprint(path).items()}]
     st = envs["a"]
     assert dict(st["h"]) == {0: [1.0], 1: [0.5]} and dict(st["u"]) == {0: [0.25]}
     assert (st["h_err"], st["u_err"]) == (0, 1)
     path.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "pair": True}) + "\n")
-    with pytest.raises(InputError, match=r"r.jsonl:2: pair must be an integer"):
-        stage.scan_rollouts([path], {"a"})
+    with pytest.raises(InputError, match=r"r.jsonl:2: field 'pair' must be an integer"):
+        scan.scan_rollouts([path], {"a"})
 
 
 def test_rows_written_by_the_rollout_record_take_the_fast_path(tmp_path) -> None:
@@ -178,9 +184,25 @@ def test_rows_written_by_the_rollout_record_take_the_fast_path(tmp_path) -> None
                   tokens={"prompt_ids": [1] * 50, "completion_ids": [2] * 50, "env_mask": [1, 0] * 25,
                           "logprobs": [-0.1, None] * 25})
     raw = dumps(rec).encode()
-    cut = stage._cut_tokens(raw)
+    cut = scan._cut_tokens(raw)
     assert len(cut) < len(raw) / 2 and json.loads(cut)["tokens"] is None
     path = tmp_path / "r.jsonl"
     path.write_bytes(raw + b"\n")
-    envs, _ = stage.scan_rollouts([path], {"a"})
+    envs, _ = scan.scan_rollouts([path], {"a"})
     assert dict(envs["a"]["h"]) == {2: [0.75]}
+
+
+def test_a_repeated_episode_is_counted_once_or_refused(tmp_path) -> None:
+    row = {"schema": "spade.rollout/1", "episode_id": "e0", "env_id": "a", "hinted": True, "pair": 0,
+           "return": 1.0, "error": None}
+    other = {**row, "episode_id": "e1", "hinted": False, "return": 0.0}
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (row, other, row)))
+    warnings: list[str] = []
+    envs, _ = scan.scan_rollouts([path], {"a"}, warnings=warnings)
+    assert dict(envs["a"]["h"]) == {0: [1.0]}  # not [1.0, 1.0]: the copy weighs nothing
+    assert warnings == [f"1 duplicated episode row(s), identical to an earlier one, counted once "
+                        f"({path}:3 repeats {path}:1)"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in (row, other, {**row, "return": 0.5})))
+    with pytest.raises(InputError, match=rf"r.jsonl:3: episode 'e0' is also at {path}:1 with other values"):
+        scan.scan_rollouts([path], {"a"})

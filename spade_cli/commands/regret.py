@@ -68,6 +68,11 @@ def regret(
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
                         replay_staleness=replay_staleness, embedding=embedding, force=force)
+    warnings = summary.get("warnings", [])
+    for w in warnings[:5]:  # one per env without rollouts can be many: the manifest keeps them all
+        console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    if len(warnings) > 5:
+        console.print(f"[yellow]warning:[/] {len(warnings) - 5} more in {out}.manifest.json")
     if summary.get("status") == "ok":
         console.print(f"[green]scored[/] {summary['rows']} designs ({summary['valid']} valid, "
                       f"{summary['episodes']} episodes) -> {out}; Vendi/n {summary['vendi_per_n']}")

@@ -73,8 +73,8 @@ def rollout(
         "--max-action-chars", min=1, help="Cut the action sent to step to this many characters.",
         rich_help_panel=PLAY)] = 2000,
     error_return: Annotated[float, typer.Option(
-        "--error-return", help="Return recorded for an episode that ends with an env error.",
-        rich_help_panel=PLAY)] = 0.0,
+        "--error-return", min=-1.0, max=1.0, rich_help_panel=PLAY,
+        help="Return recorded for an episode that ends with an env error, in [-1, 1].")] = 0.0,
     quarantine_after: Annotated[int, typer.Option(
         "--quarantine-after", min=1, help="Errors after which an env's remaining episodes are not played.",
         rich_help_panel=PLAY)] = 3,
