@@ -75,9 +75,27 @@ def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | No
     return plan
 
 
+# Marks the env_id of a design that did not parse: it names a failed sample, not an environment.
+FAILED_PREFIX = "unparsed-"
+
+
+def failed_design_id(group_id: str | None, sample: int, completion: str | None) -> str:
+    """The env_id of a design that failed to parse: ``unparsed-`` + 12 hex of (group, sample, text).
+
+    The content id of a design hashes its code and hint; a parse failure has neither, so every
+    failure would share the id of empty content and look like one environment. The slot and the
+    completion make the id distinct and deterministic (a rerun writes the same one), and the prefix
+    says it is no environment: no stage plays, scores or remembers it as one.
+    """
+    key = f"{group_id}|{sample}|{completion or ''}"
+    return FAILED_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: int, gen: dict) -> Design:
     parsed = prompts.parse_completion(sample.text)
-    return Design(iteration=iteration, group_id=p["group_id"], sample=j, doc=p["doc"],
+    failed = parsed.error is not None
+    return Design(env_id=failed_design_id(p["group_id"], j, sample.text) if failed else "",
+                  iteration=iteration, group_id=p["group_id"], sample=j, doc=p["doc"],
                   messages=p["messages"], completion=sample.text, title=parsed.title, code=parsed.code,
                   hint=parsed.hint, parse_error=parsed.error,
                   tokens={"prompt_ids": prompt_ids, "completion_ids": list(sample.token_ids),
