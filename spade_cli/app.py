@@ -10,6 +10,8 @@ import importlib
 
 import typer
 
+from spade_cli.cli import SpadeCommand
+
 app = typer.Typer(
     name="spade",
     help="Self-Play in Adaptive Synthetic Executable Environments: design, validate, roll out, "
@@ -25,6 +27,9 @@ COMMANDS = ["init_model", "inspect", "paths", "eval", "regret", "update", "repor
 
 for _name in COMMANDS:
     importlib.import_module(f"spade_cli.commands.{_name}").register(app)
+# Every command renders its help through SpadeCommand (short metavars, reflowed docstrings).
+for _info in app.registered_commands:
+    _info.cls = SpadeCommand
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ Exit codes (DESIGN §2): 0 success, 2 usage error (typer/click), 1 anything else
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.rich_utils
 from rich.console import Console
+from typer.core import TyperCommand, TyperOption
 
 console = Console(stderr=True, highlight=False)
 
@@ -67,6 +70,44 @@ BaseUrlOpt = Annotated[
     str | None, typer.Option("--base-url", help="OpenAI-compatible server for --backend openai.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def _metavar(param: Any) -> str:
+    """A short metavar from the parameter's type, so the type column stays narrow."""
+    if getattr(param, "is_flag", False):
+        return ""  # a switch takes no value: `<bool>` only steals width from the help text
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return "|".join(map(str, desc.choices or ()))
+    if desc.is_path:
+        return {"file": "FILE", "directory": "DIR", "dir": "DIR"}.get(str(desc.path_type), "PATH")
+    name = str(desc.annotation)
+    return "INT" if "int" in name else "FLOAT" if "float" in name else "TEXT"
+
+
+# One space between the columns of an options table instead of typer's two, and none for the empty
+# short-option columns spade never fills: at 80 columns that is the width of a long option name.
+typer.rich_utils.STYLE_OPTIONS_TABLE_PADDING = (0, 1, 0, 0)
+
+
+class SpadeCommand(TyperCommand):
+    """A typer command whose help reads well in an 80-column terminal.
+
+    Typer's rich help is a table of option names, types and help; at 80 columns the default
+    `<int range>` / `<bool>` type labels and hard-wrapped docstrings squeeze the help text into
+    one-word columns and cut long option names with an ellipsis. So: short metavars (INT, FILE,
+    none for a switch) unless a command set one, and docstring paragraphs joined into one line
+    each so that rich wraps them to the terminal (a paragraph starting with \\b keeps its lines).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.get_params(typer.Context(self)):  # get_params: --help included
+            if param.metavar is None:
+                param.metavar = _metavar(param) if isinstance(param, TyperOption) else param.name.upper()
+        if self.help:
+            paras = inspect.cleandoc(self.help).split("\n\n")
+            self.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paras)
 
 
 def resolved_config(ctx: typer.Context) -> dict[str, Any]:

@@ -34,6 +34,25 @@ def test_every_command_has_help_and_appears_in_the_readme(name):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("name", [None, *_commands()])
+def test_help_reads_well_at_80_columns(name):
+    # rich reads COLUMNS; a cut option name ends in '…', and a squeezed help column shows up as
+    # lines whose help text is a single word
+    args = [name, "--help"] if name else ["--help"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(map(len, lines)) <= 80, "help ignored the terminal width"
+    cut = [line for line in lines if "…" in line]
+    assert not cut, "cut at 80 columns:\n" + "\n".join(cut)
+    # the help column starts where a panel's continuation lines (wrapped help) start, at the latest
+    starts = [len(line) - len(line[1:].lstrip()) for line in lines
+              if line.startswith("│") and line[1:].strip(" │") and not re.match(r"│ *[*]? *-", line)]
+    if starts:
+        assert 80 - max(starts) >= 20, f"help text squeezed into {80 - max(starts)} columns"
+
+
+@pytest.mark.unit
 def test_help_imports_no_heavy_library():
     code = ("import sys; from spade_cli.app import app; from typer.testing import CliRunner;"
             "CliRunner().invoke(app, ['--help']);"

@@ -22,6 +22,10 @@ from spade_cli.cli import (
     resolved_config,
 )
 
+# Help panels keep each options table narrow enough for an 80-column terminal.
+PROMPT = "Prompt"
+SAMPLING = "Sampling"
+
 
 def design(
     ctx: typer.Context,
@@ -32,37 +36,45 @@ def design(
     group: Annotated[int, typer.Option("--group", help="Samples per prompt (one GRPO group).", min=1)] = 4,
     corpus: Annotated[str | None, typer.Option(
         "--corpus", help="Grounding corpus: JSONL/Parquet file, folder of .txt/.jsonl, or HF dataset "
-        "id (NAME or NAME:CONFIG). Default: the bundled sample.")] = None,
+        "id (NAME or NAME:CONFIG). Default: the bundled sample.", rich_help_panel=PROMPT)] = None,
     grounding: Annotated[bool, typer.Option(
-        "--grounding/--no-grounding", help="Ground each prompt in a corpus document (ablation: off).")]
+        "--grounding/--no-grounding", help="Ground each prompt in a corpus document (ablation: off).",
+        rich_help_panel=PROMPT)]
     = True,
     memory: Annotated[Path | None, typer.Option(
         "--memory", help="Environment memory (spade.memory/1 JSONL) summarised in the prompt.",
-        dir_okay=False)] = None,
-    no_memory: Annotated[bool, typer.Option("--no-memory", help="Ignore --memory (the ablation).")] = False,
+        dir_okay=False, rich_help_panel=PROMPT)] = None,
+    no_memory: Annotated[bool, typer.Option("--no-memory", help="Ignore --memory (the ablation).",
+                                                    rich_help_panel=PROMPT)] = False,
     memory_k: Annotated[int, typer.Option("--memory-k", help="Past environments listed in the prompt.",
-                                          min=0)] = 12,
+                                          min=0, rich_help_panel=PROMPT)] = 12,
     iteration: IterationOpt = 0,
     seed: SeedOpt = 0,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
-    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature.", min=0)] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.", min=0, max=1)] = 1.0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max new tokens per design.", min=1)]
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature.", min=0,
+                                                     rich_help_panel=SAMPLING)] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.", min=0, max=1,
+                                                 rich_help_panel=SAMPLING)] = 1.0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max new tokens per design.", min=1,
+                                                       rich_help_panel=SAMPLING)]
     = 4096,
-    excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.", min=50)]
+    excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.", min=50,
+                                                             rich_help_panel=PROMPT)]
     = 1500,
     enable_thinking: Annotated[bool, typer.Option(
-        "--enable-thinking/--no-enable-thinking", help="Let the chat template open a thinking block.")]
+        "--thinking/--no-thinking", help="Let the chat template open a thinking block.",
+        rich_help_panel=SAMPLING)]
     = False,
     pool: Annotated[str | None, typer.Option(
         "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', 'starter', a "
         "designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
     example: Annotated[bool, typer.Option(
         "--example/--no-example", help="Show a worked example from the bundled pool in the prompt "
-        "(off: a compact prompt, e.g. for a small warm-started model).")] = True,
+        "(off: a compact prompt, e.g. for a small warm-started model).", rich_help_panel=PROMPT)] = True,
     chunk: Annotated[int, typer.Option(
-        "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0)]
+        "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0,
+        rich_help_panel=SAMPLING)]
     = 0,
     config: ConfigOpt = None,
     force: ForceOpt = False,

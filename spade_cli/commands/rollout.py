@@ -82,12 +82,12 @@ def rollout(
     = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, rich_help_panel=GEN)] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=GEN)] = 1.0,
+    temperature: Annotated[float, typer.Option("--temperature", min=0, rich_help_panel=GEN)] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0, max=1, rich_help_panel=GEN)] = 1.0,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Token cap of one reply.",
                                                 rich_help_panel=GEN)] = 512,
     enable_thinking: Annotated[bool, typer.Option(
-        "--enable-thinking/--no-enable-thinking", help="Let the agent think (<think> block) before acting.",
+        "--thinking/--no-thinking", help="Let the agent think (<think> block) before acting.",
         rich_help_panel=GEN)] = True,
     max_concurrent: Annotated[int, typer.Option(
         "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "

@@ -12,6 +12,8 @@ from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, ModelOpt, SeedOpt, co
 
 _LOSS = "Loss (GRPOConfig names)"
 _OPT = "Optimisation"
+# A panel of its own: beside other options its --no-... column would not fit 80 columns.
+_SAMPLER = "Importance sampling"
 
 
 def _opt(flag: str, help: str, panel: str = _LOSS, **kw: object) -> typer.models.OptionInfo:
@@ -39,7 +41,8 @@ def update(
     = "token",
     importance_sampling: Annotated[bool, _opt(
         "--importance-sampling/--no-importance-sampling",
-        "Ratio against the stored sampler log-probs (off: against this model before the update).")] = True,
+        "Ratio against the stored sampler log-probs (off: against this model before the update).",
+        _SAMPLER)] = True,
     beta: Annotated[float, _opt("--beta", "KL coefficient to the input model (k3 estimator).")] = 0.0,
     temperature: Annotated[float, _opt("--temperature", "Sampling temperature of the stored samples.")] = 1.0,
     agent_weight: Annotated[float, _opt("--agent-weight", "Weight of the Agent's policy term.")] = 1.0,

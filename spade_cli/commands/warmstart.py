@@ -37,7 +37,7 @@ def warmstart(
     excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.")] = 300,
     example: Annotated[bool, typer.Option("--example/--no-example",
                                           help="Include the worked example in the prompts.")] = False,
-    enable_thinking: Annotated[bool, typer.Option("--enable-thinking/--no-enable-thinking")] = False,
+    enable_thinking: Annotated[bool, typer.Option("--thinking/--no-thinking")] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     force: ForceOpt = False,
@@ -45,7 +45,7 @@ def warmstart(
     """Fine-tune a model on the example pool so it writes parseable environments (TRL SFTTrainer).
 
     The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
-    --example and --enable-thinking there.
+    --example and --thinking there.
 
     Example: [bold]spade warmstart --model ckpt/small --out ckpt/warm --epochs 12 --max-examples 6[/]
     """
