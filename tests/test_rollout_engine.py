@@ -247,7 +247,7 @@ def test_continuous_batching_gives_the_rows_of_lockstep(tiny_model):
 
 @pytest.mark.integration
 def test_continuous_batching_never_exceeds_max_concurrent(tiny_model):
-    backend = _fake(tiny_model, delay=0.01)
+    backend = _fake(tiny_model, delay=0.01, rendezvous=3)  # calls wait until three overlap
     rows, _, _ = _play(backend, _envs(NEVER, GUESS), k=4, max_turns=3, batching="continuous", max_concurrent=3)
     assert len(rows) == 16 and all(r.error is None for r in rows)
     assert backend.max_in_flight == 3  # reached, never passed

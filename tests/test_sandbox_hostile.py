@@ -232,7 +232,9 @@ def test_kill_latency_after_deadline(tier_pool) -> None:
         w.step("e", "x")
     took = time.monotonic() - t0
     assert info.value.reason == "step_timeout"
-    assert took < pool.config.step_timeout_s + 0.3, took
+    # The margin covers scheduling on a busy machine (the poll wakes late, the zygote reaps); what
+    # is tested is that the step deadline, not the 60 s episode budget or the CPU rlimit, ends it.
+    assert took < pool.config.step_timeout_s + 1.5, took
     assert not w.alive
     with pytest.raises(EnvError):
         w.step("e", "x")

@@ -57,12 +57,16 @@ class FakeBackend:
     continuous = False
 
     def __init__(self, model: str, outputs: list[str] | None = None, reply: Callable[[int], str] | None = None,
-                 delay: float = 0.0, **_: Any) -> None:
+                 delay: float = 0.0, rendezvous: int = 0, **_: Any) -> None:
         self.model = str(model)
         self.calls = 0
         self.reply, self.delay = reply, delay
         self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
+        # ``rendezvous=k``: calls wait (10 s at most) until k are in flight at once, so a test of
+        # concurrency sees k overlap whenever the caller allows it, however the threads are scheduled.
+        self.rendezvous = rendezvous
+        self._crowd = threading.Condition(self._lock)
         self.requests: list[tuple[list[list[int]], int, Sampling]] = []
         if outputs is None and os.environ.get("SPADE_FAKE_OUTPUTS"):
             outputs = json.loads(Path(os.environ["SPADE_FAKE_OUTPUTS"]).read_text())
@@ -87,6 +91,9 @@ class FakeBackend:
             self.requests.append(([list(p) for p in prompts], n, sampling))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.max_in_flight < self.rendezvous:
+                self._crowd.wait_for(lambda: self.max_in_flight >= self.rendezvous, timeout=10)
+            self._crowd.notify_all()
         try:
             time.sleep(self.delay)
             if self.reply:  # outside the lock: a test's reply may wait for another episode
