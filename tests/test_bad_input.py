@@ -1,0 +1,194 @@
+"""Bad input as a careless user or a broken upstream tool hands it to each stage, through the real CLI.
+
+Every case asserts what DESIGN §2 promises: the exit status (2 for an output path that cannot or
+must not be written, 1 for a bad input row), a one-line message naming the file (and line and
+field for a bad row), no traceback, and nothing under the final output name — an output that is
+also an input is left byte for byte as it was. No case needs a model: every refusal happens before
+one would be loaded (``--model`` points at a plain folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from spade_cli.records import Rollout, Validation, to_row
+from tests.conftest import run_spade
+
+pytestmark = pytest.mark.integration
+
+CODE = "import gymnasium as gym\n\n\nclass E(gym.Env):\n    pass\n"
+STAGES = ("design", "validate", "rollout", "regret", "update")
+# The input each stage must never overwrite (the flag's file in _argv).
+MAIN_INPUT = {"design": "pool.jsonl", "validate": "designs.jsonl", "rollout": "validated.jsonl",
+              "regret": "rollouts.jsonl", "update": "model"}
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _episode(env_id: str, hinted: bool, ret: float, **kw: object) -> dict:
+    return to_row(Rollout(episode_id=f"{env_id}-{int(hinted)}", env_id=env_id, iteration=0, hinted=hinted,
+                          seed=1, pair=0, return_=ret, **kw))
+
+
+@pytest.fixture
+def d(tmp_path: Path) -> Path:
+    """Good inputs for every stage: a pool, designs, a valid env, its two episodes, a model folder."""
+    design = {"schema": "spade.design/1", "code": CODE, "hint": "h"}
+    _jsonl(tmp_path / "pool.jsonl", [design])
+    _jsonl(tmp_path / "designs.jsonl", [design])
+    env = to_row(Validation(code=CODE, hint="h", valid=True))
+    _jsonl(tmp_path / "validated.jsonl", [env])
+    _jsonl(tmp_path / "rollouts.jsonl", [_episode(env["env_id"], True, 1.0), _episode(env["env_id"], False, 0.0)])
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "afile").write_text("a regular file\n")
+    return tmp_path
+
+
+def _argv(stage: str, d: Path, out: str | Path, **inputs: str | Path) -> list:
+    f = {"pool": d / "pool.jsonl", "designs": d / "designs.jsonl", "validated": d / "validated.jsonl",
+         "rollouts": d / "rollouts.jsonl", **inputs}
+    return {"design": ["design", "--pool", f["pool"], "--n", "1", "--out", out],
+            "validate": ["validate", "--designs", f["designs"], "--out", out],
+            "rollout": ["rollout", "--model", d / "model", "--envs", f["validated"], "--k", "1", "--out", out],
+            "regret": ["regret", "--envs", f["validated"], "--rollouts", f["rollouts"], "--out", out],
+            "update": ["update", "--model", d / "model", "--rollouts", f["rollouts"], "--out", out]}[stage]
+
+
+def _refused(res, code: int, message: str, out: Path | None) -> None:
+    text = res.stderr + res.stdout
+    assert res.returncode == code, text
+    assert "Traceback" not in text and "File \"" not in text, text
+    assert re.search(message, _flat(res.stderr)), res.stderr
+    if out is not None and not out.is_dir():
+        assert not list(out.parent.glob(out.name + "*")), "something was written under the output name"
+
+
+def _flat(text: str) -> str:
+    """stderr as one line: rich wraps long messages and click draws a box around its usage errors."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
+
+
+def _snapshot(path: Path) -> dict:
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    return {str(p): p.read_bytes() for p in files if p.is_file()}
+
+
+# -- output paths: exit 2 before any work --------------------------------------------------------
+@pytest.mark.parametrize("stage", STAGES)
+def test_out_equal_to_an_input_is_refused_and_the_input_kept(d: Path, stage: str) -> None:
+    victim = d / MAIN_INPUT[stage]
+    before = _snapshot(victim)
+    res = run_spade(*_argv(stage, d, victim))
+    _refused(res, 2, rf"--out {re.escape(str(victim))} is also an input", None)
+    assert _snapshot(victim) == before
+
+
+@pytest.mark.parametrize("stage", ["validate", "update"])
+def test_a_symlink_does_not_hide_the_input(d: Path, stage: str) -> None:
+    link = d / "link"
+    link.symlink_to(d / MAIN_INPUT[stage])
+    before = _snapshot(d / MAIN_INPUT[stage])
+    _refused(run_spade(*_argv(stage, d, link)), 2, "is also an input", None)
+    assert _snapshot(d / MAIN_INPUT[stage]) == before
+
+
+def test_dot_slash_does_not_hide_the_input(d: Path) -> None:
+    before = _snapshot(d / "designs.jsonl")
+    res = run_spade("validate", "--designs", "designs.jsonl", "--out", "./sub/../designs.jsonl", cwd=d)
+    _refused(res, 2, r"designs.jsonl is also an input", None)
+    assert _snapshot(d / "designs.jsonl") == before
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_out_under_a_regular_file(d: Path, stage: str) -> None:
+    out = d / "afile" / "out"
+    _refused(run_spade(*_argv(stage, d, out)), 2, rf"cannot write --out {re.escape(str(out))}: .*afile is not a "
+             "directory", out)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs procfs")
+@pytest.mark.parametrize("stage", STAGES)
+def test_out_on_a_pseudo_filesystem(d: Path, stage: str) -> None:
+    out = Path("/proc/spade-bad-input/out")
+    _refused(run_spade(*_argv(stage, d, out)), 2, r"cannot write --out /proc/spade-bad-input/out", None)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+@pytest.mark.parametrize("stage", ["validate", "regret"])
+def test_out_in_a_read_only_directory(d: Path, stage: str) -> None:
+    ro = d / "ro"
+    ro.mkdir(mode=0o555)
+    _refused(run_spade(*_argv(stage, d, ro / "out.jsonl")), 2, r"cannot write --out .*ro/out.jsonl", ro / "out.jsonl")
+
+
+@pytest.mark.parametrize("stage", ["design", "rollout"])
+def test_out_is_a_device_or_a_directory(d: Path, stage: str) -> None:
+    _refused(run_spade(*_argv(stage, d, "/dev/null")), 2, "--out /dev/null exists and is not a regular file", None)
+    _refused(run_spade(*_argv(stage, d, d / "model")), 2, "is a directory", None)
+
+
+def test_update_out_must_be_a_directory_and_not_hold_an_input(d: Path) -> None:
+    _refused(run_spade(*_argv("update", d, d / "afile")), 2, "afile'? is a file", None)
+    _refused(run_spade(*_argv("update", d, d)), 2, rf"--out {re.escape(str(d))} contains the input", None)
+
+
+def test_regret_side_outputs_are_checked_too(d: Path) -> None:
+    base = _argv("regret", d, d / "scores.jsonl")
+    _refused(run_spade(*base, "--memory", d / "validated.jsonl"), 2, "--memory .*validated.jsonl is also an input",
+             d / "scores.jsonl")
+    _refused(run_spade(*base, "--memory", d / "scores.jsonl"), 2, "--out .*scores.jsonl is also an input", None)
+    _refused(run_spade(*base, "--replay", "1", "--replay-out", d / "rollouts.jsonl"), 2,
+             "--replay-out .*rollouts.jsonl is also an input", d / "scores.jsonl")
+
+
+# -- bad rows: exit 1, file:line: field ------------------------------------------------------------
+def _bad_rows(d: Path) -> list[tuple[str, dict, str]]:
+    """(stage, {input role: rows}, the message after 'FILE:LINE: ') for each broken row."""
+    good = json.loads((d / "validated.jsonl").read_text())
+    env_id = good["env_id"]
+    design = {"schema": "spade.design/1", "code": CODE, "hint": "h"}
+    ep = _episode(env_id, True, 1.0)
+    return [
+        ("design", {"pool": [design, {**design, "code": 123}]}, "field 'code' must be a string or null, got 123"),
+        ("validate", {"designs": [design, {**design, "code": 123}]}, "field 'code' must be a string or null"),
+        ("validate", {"designs": [design, {**design, "hint": ["a", "b"]}]}, "field 'hint' must be a string or null"),
+        ("rollout", {"validated": [good, {**good, "env_id": 12345}]}, "field 'env_id' must be a string, got 12345"),
+        ("rollout", {"validated": [good, {k: v for k, v in good.items() if k != "valid"}]},
+         r"spade.validation/1 row lacks required field\(s\): valid"),
+        ("regret", {"validated": [good, {**good, "valid": "yes"}]}, "field 'valid' must be true or false"),
+        ("regret", {"rollouts": [{**ep, "hinted": False, "episode_id": "u"}, {**ep, "return": 7.5}]},
+         r"field 'return' must lie in \[0, 1\] \(the env contract\), got 7.5"),
+        ("regret", {"rollouts": [ep, {**ep, "return": 0.5}]},
+         rf"episode '{ep['episode_id']}' is also at .*rollouts-bad.jsonl:1 with other values"),
+        ("update", {"rollouts": [ep, {**ep, "episode_id": "x", "hinted": "no"}]},
+         "field 'hinted' must be true or false, got 'no'"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_a_bad_row_names_file_line_and_field(d: Path, case: int) -> None:
+    stage, broken, message = _bad_rows(d)[case]
+    (role, rows), = broken.items()
+    path = _jsonl(d / f"{role}-bad.jsonl", rows)
+    out = d / ("ckpt" if stage == "update" else "out.jsonl")
+    _refused(run_spade(*_argv(stage, d, out, **{role: path})), 1, rf"{re.escape(str(path))}:2: {message}", out)
+
+
+def test_an_identical_repeated_episode_is_counted_once_with_a_warning(d: Path) -> None:
+    rows = (d / "rollouts.jsonl").read_text().splitlines()
+    path = _jsonl(d / "twice.jsonl", [json.loads(r) for r in (*rows, rows[0])])
+    res = run_spade(*_argv("regret", d, d / "scores.jsonl", rollouts=path))
+    assert res.returncode == 0, res.stderr
+    assert re.search(rf"1 duplicated episode row\(s\).*counted once \({re.escape(str(path))}:3 repeats .*:1\)",
+                     _flat(res.stderr)), res.stderr
+    (score,) = [json.loads(r) for r in (d / "scores.jsonl").read_text().splitlines()]
+    assert (score["hinted_n"], score["unhinted_n"], score["regret"]) == (1, 1, 1.0)
