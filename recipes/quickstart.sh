@@ -40,5 +40,5 @@ EVAL_ARGS="--max-tokens 32" \
   bash recipes/loop.sh
 
 valid0="$(spade inspect "$(spade paths "$RUN" -i 0 --key validated)" --json \
-  | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d["valid"], "of", d["rows"])')"
+  | python3 -c 'import json, sys; d = json.load(sys.stdin); v = d["validation"]; print(v["valid"], "of", v["rows"])')"
 echo "== quickstart finished in $((SECONDS - T0)) s; iteration 0: $valid0 designs valid; see $RUN/report/" >&2

@@ -105,8 +105,8 @@ def test_inspect_summarises_and_shows_a_row(tmp_path):
     res = run_spade("inspect", p, "--json")
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
-    assert info["valid"] == 1 and info["invalid_reasons"] == {"syntax_error": 1}
-    assert info["returns"]["hinted"]["mean"] == 1.0 and info["returns"]["unhinted"]["mean"] == 0.25
+    assert info["validation"]["valid"] == 1 and info["validation"]["reasons"] == {"syntax_error": 1}
+    assert info["rollouts"]["hinted"]["mean"] == 1.0 and info["rollouts"]["unhinted"]["mean"] == 0.25
     res = run_spade("inspect", p, "--row", "1")
     assert res.returncode == 0 and "syntax_error" in res.stderr and "x = (" in res.stderr
 
