@@ -39,6 +39,7 @@ from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them f
     SpadeError,
     check_output,
     expand_inputs,
+    open_input,
 )
 from spade_cli.records import Record, SchemaError, parse, to_row
 
@@ -56,7 +57,7 @@ def read_rows(paths: str | Path | Iterable[str | Path], expect: str | tuple[str,
               ) -> Iterator[tuple[Path, int, Record]]:
     """Yield (file, line number, record) from JSONL files; the first bad row raises InputError."""
     for path in expand_inputs(paths):
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             for lineno, raw in enumerate(fh, 1):
                 if not raw.strip():
                     continue

@@ -85,6 +85,14 @@ def check_output(out: str | Path, inputs: Iterable[str | Path] = (), *, kind: st
         raise OutputError(f"cannot write {flag} {out}: {exc.strerror or exc} in {parent}") from None
 
 
+def open_input(path: Path):
+    """``open(path, "rb")``, with a directory or an unreadable file as an InputError."""
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read it: {exc.strerror or exc}") from None
+
+
 def expand_inputs(specs: str | Path | Iterable[str | Path]) -> list[Path]:
     """Several files, comma-separated lists or globs (Slurm shards) -> sorted, de-duplicated paths."""
     if isinstance(specs, str | Path):

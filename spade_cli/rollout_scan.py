@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from spade_cli.artifacts import InputError, json_line
+from spade_cli.artifacts import InputError, json_line, open_input
 from spade_cli.records import SchemaError, field_message, return_problem, upgrade
 
 
@@ -182,7 +182,7 @@ def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
     with ThreadPoolExecutor(max_workers=1) as pool:
         for path in paths:
             h, lineno, keep, pending, which = hashlib.sha256(), 0, b"", None, 0
-            with open(path, "rb") as fh:
+            with open_input(path) as fh:
                 while True:
                     buf = bufs[which]
                     if len(buf) < len(keep) + chunk:  # a line longer than a block

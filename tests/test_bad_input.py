@@ -183,6 +183,13 @@ def test_a_bad_row_names_file_line_and_field(d: Path, case: int) -> None:
     _refused(run_spade(*_argv(stage, d, out, **{role: path})), 1, rf"{re.escape(str(path))}:2: {message}", out)
 
 
+@pytest.mark.parametrize("stage, role", [("validate", "designs"), ("regret", "rollouts"), ("update", "rollouts")])
+def test_a_directory_given_as_an_input_file(d: Path, stage: str, role: str) -> None:
+    out = d / ("ckpt" if stage == "update" else "out.jsonl")
+    res = run_spade(*_argv(stage, d, out, **{role: d / "model"}))
+    _refused(res, 1, rf"{re.escape(str(d / 'model'))}: cannot read it: Is a directory", out)
+
+
 def test_an_identical_repeated_episode_is_counted_once_with_a_warning(d: Path) -> None:
     rows = (d / "rollouts.jsonl").read_text().splitlines()
     path = _jsonl(d / "twice.jsonl", [json.loads(r) for r in (*rows, rows[0])])
