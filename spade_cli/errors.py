@@ -18,6 +18,7 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 
 class SpadeError(Exception):
@@ -85,7 +86,7 @@ def check_output(out: str | Path, inputs: Iterable[str | Path] = (), *, kind: st
         raise OutputError(f"cannot write {flag} {out}: {exc.strerror or exc} in {parent}") from None
 
 
-def open_input(path: Path):
+def open_input(path: Path) -> BinaryIO:
     """``open(path, "rb")``, with a directory or an unreadable file as an InputError."""
     try:
         return open(path, "rb")
