@@ -139,6 +139,8 @@ def fingerprint(path: str | Path) -> dict:
         h = hashlib.sha256()
         for f in sorted(q for q in p.rglob("*") if q.is_file()):
             rel = f.relative_to(p).as_posix()
+            if rel.startswith("trainer_state/"):
+                continue  # update's resumable state is not the served model, and may be pruned later
             size = f.stat().st_size
             h.update(f"{rel}\0{size}\0".encode())
             if size <= 4 << 20:

@@ -10,7 +10,11 @@ nothing else (no model, no files), so every formula can be checked by hand in a 
 - ``per_token_loss``: PPO clipping of the importance ratio ``exp(logp - old_logp)`` with
   ``epsilon`` / ``epsilon_high`` and optional two-sided ``delta``, token or sequence (GSPO) level,
   plus the k3 KL estimate to a reference, weighted per sequence (the role weights).
-- ``aggregate``: the normalisations of TRL's ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``.
+- ``aggregate``: the normalisations of TRL's ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``;
+  ``row_scales`` is the same normalisation computed per role over a whole optimizer step, so one
+  role's token count never scales the other role's gradient.
+- ``sampler_correction``: the truncated importance-sampling weight (TIS) between the trainer's
+  old log-probs and the sampler's stored ones, TRL's ``vllm_importance_sampling_correction``.
 - ``plan_steps`` and ``collate``: which samples go into which micro-batch on which process, and
   the padded tensors of one micro-batch (prompts left-padded, completions right-padded, as in TRL).
 
@@ -85,10 +89,13 @@ def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: tor
                    delta: float | None = None, importance_sampling_level: str = "token",
                    beta: float = 0.0, ref_logps: torch.Tensor | None = None,
                    use_bias_correction_kl: bool = True, weights: torch.Tensor | None = None,
+                   is_ratio: torch.Tensor | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token GRPO loss (B, T), the importance ratio and the per-token KL (or None).
 
-    ``logps``/``old_logps``/``ref_logps``/``mask``: (B, T); ``advantages`` and ``weights``: (B,).
+    ``logps``/``old_logps``/``ref_logps``/``mask``: (B, T); ``advantages`` and ``weights``: (B,);
+    ``is_ratio``: the sampler correction, (B, T) or (B, 1), multiplying the policy term only
+    (TRL applies it before adding the KL).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
@@ -111,6 +118,8 @@ def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: tor
     if delta is not None:
         coef_1 = torch.clamp(coef_1, max=delta)
     loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if is_ratio is not None:
+        loss = loss * is_ratio
     if weights is not None:
         loss = loss * weights.unsqueeze(-1)
     if kl is not None:
@@ -145,6 +154,71 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *,
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
 
 
+TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def sampler_correction(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                       cap: float | None, cap_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's vLLM importance-sampling correction: ``exp(old - sampler)`` per token (``token_*``) or
+    of the summed difference per sequence (``sequence_*``), clamped to [cap_min, cap] (``*_truncate``)
+    or zeroed outside it (``*_mask``). Returns (weights (B, T) or (B, 1), raw ratios same shape).
+
+    ``old_logps`` are the trainer's log-probs before the first optimizer step, ``sampler_logps``
+    what the sampler stored; rows without stored log-probs should carry ``sampler = old`` (ratio 1).
+    """
+    if mode not in TIS_MODES:
+        raise ValueError(f"tis_mode must be one of {TIS_MODES}, got {mode!r}")
+    diff = torch.nan_to_num((old_logps - sampler_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    raw = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(raw, min=cap_min, max=cap), raw
+    lo = -math.inf if cap_min is None else cap_min
+    hi = math.inf if cap is None else cap
+    return raw.masked_fill((raw < lo) | (raw > hi), 0.0), raw
+
+
+def row_scales(loss_type: str, roles: Sequence[str], tokens: Sequence[int], micro_batch: Sequence,
+               max_completion_length: int | None = None) -> list[float]:
+    """The factor ``c_b`` of each real row of one optimizer step (all processes together) such that
+    the step's loss is ``sum_b c_b * sum_t l_bt m_bt``, normalised per role:
+
+    - ``dapo``: 1 / (the role's trained tokens in the step)
+    - ``grpo``: 1 / (the role's sequences in the step x the row's own tokens)
+    - ``bnpo``: 1 / (micro-batches holding the role x the role's tokens in the row's micro-batch)
+    - ``dr_grpo``: 1 / (the role's sequences in the step x ``max_completion_length``)
+
+    With one role and full micro-batches these are TRL's normalisations exactly; with two roles
+    each role's term is what it would be alone (then weighted by its ``--*-weight``).
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise ValueError("dr_grpo needs max_completion_length")
+    role_tokens: dict[str, int] = {}
+    role_seqs: dict[str, int] = {}
+    role_mbs: dict[str, set] = {}
+    mb_tokens: dict[tuple, int] = {}
+    for r, n, mb in zip(roles, tokens, micro_batch, strict=True):
+        role_tokens[r] = role_tokens.get(r, 0) + n
+        role_seqs[r] = role_seqs.get(r, 0) + 1
+        role_mbs.setdefault(r, set()).add(mb)
+        mb_tokens[(r, mb)] = mb_tokens.get((r, mb), 0) + n
+    out = []
+    for r, n, mb in zip(roles, tokens, micro_batch, strict=True):
+        if loss_type == "dapo":
+            d = role_tokens[r]
+        elif loss_type == "grpo":
+            d = role_seqs[r] * n
+        elif loss_type == "bnpo":
+            d = len(role_mbs[r]) * mb_tokens[(r, mb)]
+        else:
+            d = role_seqs[r] * max_completion_length
+        out.append(1.0 / max(d, 1))
+    return out
+
+
 def clip_fractions(coef_1: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                    epsilon: float = 0.2, epsilon_high: float | None = None) -> dict[str, torch.Tensor]:
     """Token sums (not means) of the clipped regions, as TRL counts them, plus the token count;
@@ -174,8 +248,10 @@ class Sample:
     prompt_ids: list[int]
     completion_ids: list[int]
     mask: list[int]  # 1 = trained token
-    old_logps: list[float] | None  # sampler log-probs (0.0 where unknown and masked)
+    sampler_logps: list[float] | None  # stored by the sampler (0.0 at masked tokens); None: unknown
     advantage: float = 0.0
+    old_logps: list[float] | None = None  # the trainer's, before the first optimizer step
+    temperature: float = 1.0  # the sampling temperature: training log-probs are taken at it
 
 
 def plan_steps(n: int, batch_size: int, grad_accum: int, world: int, epochs: int, seed: int,
@@ -212,8 +288,8 @@ def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: A
     ids = torch.full((B, P + C), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + C), dtype=torch.long)
     mask = torch.zeros((B, C))
-    old = torch.zeros((B, C))
-    adv, real = torch.zeros(B), torch.zeros(B)
+    old, sampler = torch.zeros((B, C)), torch.zeros((B, C))
+    adv, real, temp = torch.zeros(B), torch.zeros(B), torch.ones(B)
     for i, (s, live) in enumerate(rows):
         p, c = len(s.prompt_ids), len(s.completion_ids)
         ids[i, P - p:P] = torch.tensor(s.prompt_ids)
@@ -221,10 +297,12 @@ def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: A
         attn[i, P - p:P + c] = 1
         mask[i, :c] = torch.tensor(s.mask, dtype=torch.float) * live
         old[i, :c] = torch.tensor(s.old_logps if s.old_logps is not None else [0.0] * c)
-        adv[i], real[i] = s.advantage, live
+        # No stored log-probs: the sampler is taken to be the trainer (TIS weight 1).
+        sampler[i, :c] = old[i, :c] if s.sampler_logps is None else torch.tensor(s.sampler_logps)
+        adv[i], real[i], temp[i] = s.advantage, live, s.temperature
     labels = torch.full_like(ids, -100)
     labels[:, P:] = torch.where(mask > 0, ids[:, P:], -100)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # real positions start at 0 despite left padding
     out = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "labels": labels,
-           "mask": mask, "old": old, "adv": adv, "real": real, "P": P}
+           "mask": mask, "old": old, "sampler": sampler, "adv": adv, "real": real, "temperature": temp, "P": P}
     return {k: v.to(device) if hasattr(v, "to") else v for k, v in out.items()}

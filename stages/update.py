@@ -19,19 +19,25 @@ Samples and groups:
   rolled out) are left out rather than guessed.
 - Groups with zero reward spread are dropped; the rest get ``grpo.group_advantages``.
 
-The loop is spade's own, not ``GRPOTrainer``: TRL has no offline mode, the two roles have
-different masks and groupings in one batch, and the importance ratio must use the stored sampler
-log-probs. The loss is TRL's, term by term (``spade_cli.grpo``), log-probs come from TRL's fused
-LM head (no full-vocabulary logits) at the sampling temperature, and device placement, gradient
-accumulation, DeepSpeed and FSDP come from accelerate, so ``accelerate launch`` works unchanged.
+The loop is spade's own, not ``GRPOTrainer``: TRL has no offline mode and the two roles have
+different masks and groupings in one batch. The loss is TRL's, term by term (``spade_cli.grpo``),
+with old log-probs recomputed by the trainer and TRL's sampler correction (TIS) against the stored
+sampler log-probs; log-probs come from TRL's fused LM head at each sample's temperature; device
+placement, gradient accumulation, DeepSpeed and FSDP come from accelerate, so ``accelerate launch``
+works unchanged. Modules: ``stages.update_samples`` (rows -> samples), ``stages.update_train``
+(set-up and the optimizer pass), ``spade_cli.trainer_state`` (what survives between updates).
 
-The output directory is built under a temporary name and renamed into place, so a killed run never
-leaves a half checkpoint; a rerun starts the update over (it is one short optimizer pass).
+The output is the served checkpoint (the input's dtype) plus ``trainer_state/`` (fp32 masters,
+Adam, scheduler, RNG), which the next update resumes when given this checkpoint as ``--model``.
+It is built under a temporary name and renamed into place, so a killed run never leaves a half
+checkpoint; a rerun starts the update over (it is one short optimizer pass).
+
+    spade update --model ckpt/iter_0000 --designs validated.jsonl --rollouts rollouts.jsonl \
+      --scores scores.jsonl --out ckpt/iter_0001
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import time
@@ -40,11 +46,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.artifacts import InputError, SpadeError, Stage, atomic_write_text, expand_inputs, read_rows
-from spade_cli.records import Design, Rollout, Score
+from spade_cli.artifacts import SpadeError, Stage, atomic_write_text, expand_inputs
+from stages.update_samples import collect_samples
 
 if TYPE_CHECKING:  # spade_cli.grpo imports torch: only inside functions here
     from spade_cli.grpo import Sample
+
+__all__ = ["UpdateConfig", "collect_samples", "run", "train"]
 
 
 @dataclass
@@ -63,12 +71,21 @@ class UpdateConfig:
     epsilon_high: float | None = None
     delta: float | None = None
     importance_sampling_level: str = "token"
-    importance_sampling: bool = True
+    importance_sampling: bool = True  # the sampler correction (TIS)
+    tis_mode: str = "token_truncate"  # TRL's vllm_importance_sampling_mode names
+    tis_cap: float | None = 3.0  # TRL's vllm_importance_sampling_clip_max
+    tis_min: float | None = None
     beta: float = 0.0
+    kl_reference: str = "base"  # base (the run's iteration-0 model) | previous (the input)
     use_bias_correction_kl: bool = True
     learning_rate: float = 1e-6
     weight_decay: float = 0.0
-    temperature: float = 1.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    max_steps: int | None = None  # the run's total optimizer steps (linear / cosine decay)
+    temperature: float = 1.0  # for rows that record no sampling temperature
+    agent_temperature: float | None = None
+    designer_temperature: float | None = None
     agent_weight: float = 1.0
     designer_weight: float = 1.0
     invalid_reward: float = -1.0
@@ -82,297 +99,67 @@ class UpdateConfig:
     lora_alpha: int = 32
     bf16: bool = False
     gradient_checkpointing: bool = False
+    fresh_optimizer: bool = False
+    keep_state_every: int = 0  # prune superseded trainer states unless updates % N == 0 (0: keep all)
+    audit: bool = True
     seed: int = 0
 
 
-def _ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], state: dict | None = None,
+          base: str | None = None) -> dict:
+    """Set up (resuming ``state`` when given) and take one pass; returns the pass's report plus the
+    ``trainer`` that ``save`` writes."""
+    from stages import update_train
+
+    tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model))
+    out = update_train.train_pass(tr, cfg, samples, log)
+    return {**out, "trainer": tr}
 
 
-def _tokens(path: Path, line: int, tokens: dict, need_env_mask: bool) -> tuple[list, list, list, list | None]:
-    """Checked (prompt_ids, completion_ids, mask, logprobs) of a row; a malformed field names the row."""
-    p, c = tokens.get("prompt_ids"), tokens.get("completion_ids")
-    if not _ids(p) or not _ids(c) or not c:
-        raise InputError(path, line, "tokens.prompt_ids/completion_ids must be non-empty lists of ints")
-    mask = tokens.get("env_mask") if need_env_mask else [1] * len(c)
-    if not isinstance(mask, list) or len(mask) != len(c) or any(m not in (0, 1) for m in mask):
-        raise InputError(path, line, "tokens.env_mask must be a list of 0/1 as long as completion_ids")
-    lps = tokens.get("logprobs")
-    if lps is not None:
-        if not isinstance(lps, list) or len(lps) != len(c):
-            raise InputError(path, line, "tokens.logprobs must be as long as completion_ids")
-        for m, lp in zip(mask, lps, strict=True):
-            if m and not (isinstance(lp, int | float) and math.isfinite(lp)):
-                raise InputError(path, line, "tokens.logprobs must be finite numbers at agent tokens")
-        lps = [float(lp) if m else 0.0 for m, lp in zip(mask, lps, strict=True)]
-    return p, c, mask, lps
+def _model_id(model: str) -> str:
+    return str(Path(model).resolve()) if Path(model).is_dir() else model
 
 
-def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
-    """Read the artifacts into samples with advantages; returns (kept samples, per-role counts)."""
-    import torch
+def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
+    """Write the trainer state and the served checkpoint (input dtype, tied embeddings tied,
+    config dtype = tensor dtype, tokenizer) to ``tmp``; returns the state figures and the audit.
+    Every process calls this (ZeRO-3 and FSDP save and gather collectively); the main one writes."""
+    from spade_cli import trainer_state
 
-    from spade_cli import grpo
-    from spade_cli.grpo import Sample
-
-    counts: dict[str, dict[str, int]] = {"agent": {}, "designer": {}}
-
-    def bump(role: str, key: str) -> None:
-        counts[role][key] = counts[role].get(key, 0) + 1
-
-    # A score row names its design by (group_id, sample) when regret copied them (one row per
-    # design, invalid ones included); env_id alone is ambiguous for parse failures and duplicates.
-    rewards: dict[str, float] = {}
-    slot_rewards: dict[tuple, float] = {}
-    for _path, _line, rec in read_rows(cfg.scores, "spade.score"):
-        assert isinstance(rec, Score)
-        rewards.setdefault(rec.env_id, float(rec.designer_reward))
-        if rec.extra.get("group_id") is not None:
-            slot_rewards[(rec.extra["group_id"], rec.extra.get("sample"))] = float(rec.designer_reward)
-
-    samples: list[Sample] = []
-    want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
-    for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if cfg.rollouts else []:
-        assert isinstance(rec, Rollout)
-        if rec.hinted not in want:
-            continue
-        bump("agent", "episodes")
-        if rec.error is not None:
-            bump("agent", "skipped_error")
-            continue
-        if not rec.tokens:
-            bump("agent", "skipped_no_tokens")
-            continue
-        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask=True)
-        samples.append(Sample("agent", ("agent", rec.env_id, rec.hinted), float(rec.return_), p, c, mask, lps))
-
-    for path, line, rec in read_rows(cfg.designs, ("spade.validation", "spade.design")) if cfg.designs else []:
-        assert isinstance(rec, Design)
-        bump("designer", "designs")
-        if not rec.tokens:
-            bump("designer", "skipped_no_tokens")
-            continue
-        invalid = rec.code is None or getattr(rec, "valid", True) is False
-        if invalid:
-            bump("designer", "invalid")
-        slot = (rec.group_id, rec.sample)
-        if slot in slot_rewards:
-            reward = slot_rewards[slot]
-        elif invalid:
-            reward = cfg.invalid_reward
-        elif rec.env_id in rewards:
-            reward = rewards[rec.env_id]
-        else:
-            bump("designer", "skipped_unscored")
-            continue
-        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask=False)
-        group = ("designer", rec.group_id if rec.group_id is not None else f"{path}:{line}")
-        samples.append(Sample("designer", group, reward, p, c, mask, lps))
-
-    kept: list[Sample] = []
-    for role in ("agent", "designer"):
-        mine = [s for s in samples if s.role == role]
-        if not mine:
-            continue
-        adv, keep = grpo.group_advantages(torch.tensor([s.reward for s in mine]), [s.group for s in mine],
-                                          cfg.scale_rewards)
-        groups = {s.group for s in mine}
-        live = {s.group for s, k in zip(mine, keep.tolist(), strict=True) if k}
-        counts[role].update(samples=len(mine), groups=len(groups), zero_spread_groups=len(groups - live))
-        for s, a, k in zip(mine, adv.tolist(), keep.tolist(), strict=True):
-            if k:
-                s.advantage = a
-                kept.append(s)
-    return kept, counts
-
-
-def _logps(model: Any, mb: dict) -> tuple[Any, Any]:
-    """Per-token log-probs and entropies of the completion positions, at the training temperature,
-    through TRL's fused LM head (the (B, L, vocab) logits never exist)."""
-    out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-                labels=mb["labels"], fused_lm_head=True)
-    P = mb["P"]
-    return out.log_probs[:, P - 1:], out.entropy[:, P - 1:] if out.entropy is not None else None
-
-
-def _prepare(cfg: UpdateConfig) -> tuple[Any, Any, Any, Any, Any]:
-    """Accelerator, model (fused head, optional LoRA/checkpointing), optimizer, reference, tokenizer."""
-    import torch
-    from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
-
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                              mixed_precision="bf16" if cfg.bf16 else None)
-    ds = accelerator.state.deepspeed_plugin
-    if ds is not None:  # no dataloader goes through prepare(), so DeepSpeed cannot infer these
-        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.per_device_train_batch_size
-        ds.deepspeed_config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
-    torch.manual_seed(cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-
-    def load() -> Any:
-        m = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-        add_fused_lm_head(m, temperature=cfg.temperature, outputs=("log_probs", "entropy"))
-        disable_dropout_in_model(m)  # as TRL does: sampler and trainer must see one policy
-        return m
-
-    model = load()
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    if cfg.lora:
-        from peft import LoraConfig, get_peft_model
-
-        if cfg.gradient_checkpointing:
-            model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
-    ref = None
-    if cfg.beta != 0.0 and not cfg.lora:  # with LoRA the reference is the base with the adapter off
-        ref = load().eval().requires_grad_(False).to(accelerator.device)
-    model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
-                            weight_decay=cfg.weight_decay)
-    model, opt = accelerator.prepare(model, opt)
-    return accelerator, model, opt, ref, tokenizer
-
-
-def _fill_old_logps(cfg: UpdateConfig, accelerator: Any, model: Any, samples: list[Sample], pad_id: int) -> int:
-    """π_old from the current weights for samples without usable sampler log-probs (or all of them
-    with ``importance_sampling`` off): the ratio then starts at 1, as in TRL without vLLM."""
-    import torch
-
-    from spade_cli import grpo
-
-    todo = [s for s in samples if s.old_logps is None or not cfg.importance_sampling]
-    bs = cfg.per_device_train_batch_size
-    with torch.no_grad():
-        for i in range(0, len(todo), bs):
-            chunk = todo[i:i + bs]
-            mb = grpo.collate(chunk, chunk[0], pad_id, accelerator.device)
-            with accelerator.autocast():
-                lp, _ = _logps(model, mb)
-            for j, s in enumerate(chunk):
-                s.old_logps = [v if m else 0.0 for v, m in zip(lp[j, :len(s.mask)].float().tolist(), s.mask,
-                                                               strict=True)]
-    return len(todo)
-
-
-def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None]) -> dict:
-    """The optimizer loop; returns metrics plus what ``save`` needs (accelerator, model)."""
-    import torch
-
-    from spade_cli import grpo
-
-    accelerator, model, opt, ref, tokenizer = _prepare(cfg)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    world, ga = accelerator.num_processes, cfg.gradient_accumulation_steps
-    recomputed = _fill_old_logps(cfg, accelerator, model, samples, pad_id)
-    mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
-    weight = {"agent": cfg.agent_weight, "designer": cfg.designer_weight}
-    plan = grpo.plan_steps(len(samples), cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
-    keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
-    sums = torch.zeros(len(keys), dtype=torch.float64)
-    grad_norms: list[float] = []
-    attended = 0
-    t0 = time.time()
-    for step, ranks in enumerate(plan):
-        real = [[i for mbatch in r for i in mbatch if i is not None] for r in ranks]
-        n_items = sum(sum(samples[i].mask) for r in real for i in r)
-        n_real_mb = sum(1 for r in ranks for mbatch in r if mbatch != [None])
-        factor = ga * world if cfg.loss_type == "dapo" else ga * world / max(n_real_mb, 1)
-        for mbatch in ranks[accelerator.process_index]:
-            with accelerator.accumulate(model):
-                mb = grpo.collate([None if i is None else samples[i] for i in mbatch], samples[real[0][0]],
-                              pad_id, accelerator.device)
-                w = torch.tensor([0.0 if i is None else weight[samples[i].role] for i in mbatch],
-                                 device=accelerator.device)
-                with accelerator.autocast():
-                    logps, ent = _logps(model, mb)
-                    ref_lp = None
-                    if cfg.beta != 0.0:
-                        with torch.no_grad():
-                            if ref is not None:
-                                ref_lp, _ = _logps(ref, mb)
-                            else:
-                                with accelerator.unwrap_model(model).disable_adapter():
-                                    ref_lp, _ = _logps(model, mb)
-                logps = logps.float()
-                mask = mb["mask"]
-                ptl, coef_1, kl = grpo.per_token_loss(
-                    logps, mb["old"], mb["adv"], mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                    delta=cfg.delta, importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta,
-                    ref_logps=None if ref_lp is None else ref_lp.float(),
-                    use_bias_correction_kl=cfg.use_bias_correction_kl, weights=w)
-                loss = grpo.aggregate(ptl, mask, cfg.loss_type, max_completion_length=mcl, num_items=n_items)
-                accelerator.backward(loss * factor)
-                if accelerator.sync_gradients and cfg.max_grad_norm and cfg.max_grad_norm > 0:
-                    norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    if norm is not None:
-                        grad_norms.append(float(norm))
-                opt.step()
-                opt.zero_grad()
-            with torch.no_grad():
-                clips = grpo.clip_fractions(coef_1, mb["adv"], mask, epsilon=cfg.epsilon,
-                                            epsilon_high=cfg.epsilon_high)
-                vals = [float(loss) * factor / (ga * world), float((kl * mask).sum()) if kl is not None else 0.0,
-                        float((ent.float() * mask).sum()) if ent is not None else 0.0, float(clips["clip_low"]),
-                        float(clips["clip_high"]), float(clips["clip_region"]), float(mask.sum()),
-                        float(mb["attention_mask"][mb["real"] > 0].sum())]
-                sums += torch.tensor(vals, dtype=torch.float64)
-        log(f"step {step + 1}/{len(plan)}: grad norm {grad_norms[-1] if grad_norms else float('nan'):.4g}")
-    seconds = time.time() - t0
-    totals = dict(zip(keys, accelerator.reduce(sums.to(accelerator.device), reduction="sum").tolist(),
-                      strict=True))
-    attended = int(totals.pop("seq_tokens"))
-    tokens = max(totals["tokens"], 1.0)
-    metrics = {
-        "loss": totals["loss"] / max(len(plan), 1),
-        "kl": totals["kl"] / tokens if cfg.beta != 0.0 else None,
-        "entropy": totals["entropy"] / tokens,
-        "clip_ratio": {k.split("_")[1]: totals[k] / tokens for k in ("clip_low", "clip_high", "clip_region")},
-        "grad_norm": {"mean": sum(grad_norms) / len(grad_norms), "max": max(grad_norms)} if grad_norms else None,
-        "optimizer_steps": len(plan), "old_logps_recomputed": recomputed, "max_completion_length": mcl,
-        "train_seconds": round(seconds, 3), "processes": world,
-        "tokens_per_s": round(attended / seconds, 1) if seconds > 0 else None,
-    }
-    roles = {}
-    for role in ("agent", "designer"):
-        mine = [s for s in samples if s.role == role]
-        roles[role] = {
-            "advantage": grpo.describe(torch.tensor([s.advantage for s in mine])),
-            "reward": grpo.describe(torch.tensor([s.reward for s in mine])),
-            "tokens": {"prompt": sum(len(s.prompt_ids) for s in mine), "trained": sum(sum(s.mask) for s in mine),
-                       "env_masked": sum(len(s.mask) - sum(s.mask) for s in mine)},
-        }
-    return {"metrics": metrics, "roles": roles, "accelerator": accelerator, "model": model,
-            "tokenizer": tokenizer}
-
-
-def save(cfg: UpdateConfig, trained: dict, tmp: Path) -> None:
-    """Write a plain HF checkpoint (model in the input's dtype, tokenizer, chat template) to ``tmp``.
-    Every process calls this (ZeRO-3 and FSDP gather the weights collectively); the main one writes."""
-    import torch
-    from transformers import AutoConfig
-
-    accelerator, model = trained["accelerator"], trained["model"]
-    state_dict = None if cfg.lora else accelerator.get_state_dict(model)
-    if not accelerator.is_main_process:
-        return
-    dtype = getattr(AutoConfig.from_pretrained(cfg.model), "dtype", None)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    unwrapped = accelerator.unwrap_model(model)
+    acc, model = tr.accelerator, tr.model
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    state_dir = tmp / trainer_state.STATE_DIR
+    t0 = time.perf_counter()
+    acc.save_state(str(state_dir))  # before a LoRA merge below changes the model
+    info = {"save_s": round(time.perf_counter() - t0, 3), **tr.timings}
+    state_dict = None if cfg.lora else acc.get_state_dict(model)
+    if not acc.is_main_process:
+        return info
+    trainer_state.write_meta(state_dir, {**tr.counters, "lora": cfg.lora, "lora_r": cfg.lora_r if cfg.lora else None,
+                                         "lora_alpha": cfg.lora_alpha if cfg.lora else None,
+                                         "processes": acc.num_processes,
+                                         "distributed_type": str(acc.distributed_type)})
+    info["bytes"] = trainer_state.size_bytes(state_dir)
+    dtype = trainer_state.serving_dtype(cfg.model)
+    unwrapped = acc.unwrap_model(model)
     if cfg.lora:  # merged, so vLLM, lm-eval and the next rollout load it without peft
         unwrapped = unwrapped.merge_and_unload()
-    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
-        if state_dict is not None:
-            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
-        else:
-            unwrapped = unwrapped.to(dtype)
-    shutil.rmtree(tmp, ignore_errors=True)
-    unwrapped.save_pretrained(tmp, state_dict=state_dict)
-    trained["tokenizer"].save_pretrained(tmp)
+        state_dict = unwrapped.state_dict()
+    out_sd = trainer_state.served(state_dict, dtype, trainer_state.tied_keys(unwrapped))
+    saved_dtype = unwrapped.config.dtype
+    unwrapped.config.dtype = dtype or saved_dtype  # the config says what the tensors hold
+    try:
+        unwrapped.save_pretrained(tmp, state_dict=out_sd)
+    finally:
+        unwrapped.config.dtype = saved_dtype
+    tr.tokenizer.save_pretrained(tmp)
+    if "served_before" in tr.snapshots:
+        info["audit"] = trainer_state.audit(tr.snapshots["served_before"], tr.snapshots.get("master_before"),
+                                            state_dict, out_sd)
+    return info
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -418,9 +205,23 @@ def _pass_through(cfg: UpdateConfig, stage: Stage, counts: dict, log: Callable[[
     return summary
 
 
+def _resolve_state(cfg: UpdateConfig) -> tuple[dict | None, str]:
+    """(the trainer state to resume or None, the run's base model for the KL reference)."""
+    from spade_cli import trainer_state
+
+    found = trainer_state.find(cfg.model) if Path(cfg.model).is_dir() else None
+    base = (found or {}).get("base_model") or _model_id(cfg.model)
+    if found is None or cfg.fresh_optimizer:
+        return None, base
+    trainer_state.check_resumable(found, cfg.lora, cfg.lora_r, cfg.lora_alpha)
+    return found, base
+
+
 def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """Update the model on the stored samples and write ``cfg.out``; returns the summary."""
     import json
+
+    from spade_cli import grpo, trainer_state
 
     if log is None or os.environ.get("RANK", "0") != "0":  # one log, not one per process
         log = lambda _msg: None  # noqa: E731
@@ -428,37 +229,54 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
         raise SpadeError("nothing to train on: give --rollouts and/or --designs")
     if cfg.designs and not cfg.scores:
         raise SpadeError("--designs needs --scores (the Designer's reward comes from them)")
-    for name, value, allowed in (("loss_type", cfg.loss_type, ("grpo", "bnpo", "dr_grpo", "dapo")),
-                                 ("scale_rewards", cfg.scale_rewards, ("group", "batch", "none")),
-                                 ("agent_episodes", cfg.agent_episodes, ("unhinted", "hinted", "both"))):
+    for name, value, allowed in (("loss_type", cfg.loss_type, grpo.LOSS_TYPES),
+                                 ("scale_rewards", cfg.scale_rewards, grpo.SCALES),
+                                 ("agent_episodes", cfg.agent_episodes, ("unhinted", "hinted", "both")),
+                                 ("tis_mode", cfg.tis_mode, grpo.TIS_MODES),
+                                 ("kl_reference", cfg.kl_reference, ("base", "previous"))):
         if value not in allowed:
             raise SpadeError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
     if Path(cfg.model).is_dir():
         inputs["model"] = [Path(cfg.model)]
-    # Input paths are identified by content in the manifest; the config compares only the knobs.
-    semantic = {k: v for k, v in asdict(cfg).items() if k not in ("designs", "rollouts", "scores", "out")}
+    # Input paths are identified by content in the manifest; the config compares only the knobs
+    # that change the output (pruning and the audit do not). The resumed trainer state is not an
+    # input fingerprint: it is write-once, and pruning it later must not make this run stale.
+    semantic = {k: v for k, v in asdict(cfg).items()
+                if k not in ("designs", "rollouts", "scores", "out", "keep_state_every", "audit")}
     out = Path(cfg.out)
     stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():
         return {"status": "up to date", "out": str(out)}
 
     t0 = time.time()
+    state, base = _resolve_state(cfg)
     samples, counts = collect_samples(cfg)
     if not samples:
         # Common early in a run (every return 0): nothing to learn is not a failure of the loop.
         return _pass_through(cfg, stage, counts, log, t0)
     log(f"{len(samples)} samples with signal: "
-        + ", ".join(f"{r} {sum(s.role == r for s in samples)}" for r in ("agent", "designer")))
-    trained = train(cfg, samples, log)
-    report = {"metrics": trained["metrics"], "roles": trained["roles"], "counts": counts, "config": asdict(cfg)}
+        + ", ".join(f"{r} {sum(s.role == r for s in samples)}" for r in ("agent", "designer"))
+        + (f"; resuming the trainer state of {cfg.model} (update {state['updates']})" if state else
+           "; fresh optimizer"))
+    trained = train(cfg, samples, log, state, base)
+    tr = trained["trainer"]
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    save(cfg, trained, tmp)
-    accelerator = trained["accelerator"]
+    saved = save(cfg, tr, tmp)
+    state_report = {"resumed": state["path"] if state else None, "fresh_optimizer": cfg.fresh_optimizer,
+                    "updates": tr.counters["updates"], "optimizer_steps": tr.counters["optimizer_steps"],
+                    "base_model": base, **{k: v for k, v in saved.items() if k != "audit"}}
+    report = {"metrics": trained["metrics"], "roles": trained["roles"], "sampler": trained["sampler"],
+              "trainer_state": state_report, "audit": saved.get("audit"),
+              "kl_reference": {"kind": cfg.kl_reference, "path": base if cfg.kl_reference == "base" else
+                               _model_id(cfg.model), "via": tr.ref_kind} if cfg.beta != 0.0 else None,
+              "counts": counts, "config": asdict(cfg)}
+    accelerator = tr.accelerator
     summary = {"status": "ok", "out": str(out), "samples": len(samples),
                "agent_samples": sum(s.role == "agent" for s in samples),
                "designer_samples": sum(s.role == "designer" for s in samples),
-               "loss": trained["metrics"]["loss"], "tokens_per_s": trained["metrics"]["tokens_per_s"]}
+               "loss": trained["metrics"]["loss"], "tokens_per_s": trained["metrics"]["tokens_per_s"],
+               "resumed_state": state_report["resumed"]}
     if accelerator.is_main_process:
         atomic_write_text(tmp / "update.json", json.dumps(report, indent=2, default=str) + "\n")
         for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by killed runs
@@ -470,7 +288,11 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, out)
         stage.timings["train_s"] = trained["metrics"]["train_seconds"]
+        stage.extra["trainer_state"] = state_report
         stage.write_manifest(None, summary)
+        # Only now is the input's state superseded by a published one.
+        if cfg.keep_state_every and Path(cfg.model).is_dir() and trainer_state.prune(cfg.model, cfg.keep_state_every):
+            log(f"pruned the superseded trainer state of {cfg.model} (--keep-state-every {cfg.keep_state_every})")
     accelerator.wait_for_everyone()
     summary["seconds"] = round(time.time() - t0, 2)
     return summary

@@ -154,15 +154,15 @@ def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path)
     import torch
 
     from spade_cli import grpo
-    from stages import update
+    from stages import update, update_train
 
     cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", designs=[], scores=[])
     samples, _ = update.collect_samples(cfg)
-    accelerator, model, _, _, tok = update._prepare(cfg)
-    mb = grpo.collate(samples[:4], samples[0], tok.pad_token_id, accelerator.device)
-    logps, _ = update._logps(model, mb)
+    tr = update_train.prepare(cfg, {1.0}, None, str(tiny_model))
+    mb = grpo.collate(samples[:4], samples[0], tr.tokenizer.pad_token_id, tr.accelerator.device)
+    logps, _ = update_train.logps(tr.model, mb)
     logps.retain_grad()
-    ptl, _, _ = grpo.per_token_loss(logps, mb["old"], mb["adv"], mb["mask"])
+    ptl, _, _ = grpo.per_token_loss(logps, logps.detach(), mb["adv"], mb["mask"])  # ratio 1: no clipping
     grpo.aggregate(ptl, mb["mask"], "dapo").backward()
     env = (mb["mask"] == 0) & (torch.arange(logps.size(1))[None, :] < torch.tensor(
         [len(s.completion_ids) for s in samples[:4]])[:, None])

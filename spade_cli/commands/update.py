@@ -12,6 +12,7 @@ from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, ModelOpt, SeedOpt, co
 
 _LOSS = "Loss (GRPOConfig names)"
 _OPT = "Optimisation"
+_STATE = "Trainer state"
 # A panel of its own: beside other options its --no-... column would not fit 80 columns.
 _SAMPLER = "Importance sampling"
 
@@ -41,16 +42,31 @@ def update(
     = "token",
     importance_sampling: Annotated[bool, _opt(
         "--importance-sampling/--no-importance-sampling",
-        "Ratio against the stored sampler log-probs (off: against this model before the update).",
-        _SAMPLER)] = True,
-    beta: Annotated[float, _opt("--beta", "KL coefficient to the input model (k3 estimator).")] = 0.0,
-    temperature: Annotated[float, _opt("--temperature", "Sampling temperature of the stored samples.")] = 1.0,
+        "Correct for the sampler with its stored log-probs (TIS).", _SAMPLER)] = True,
+    tis_mode: Annotated[str, _opt("--tis-mode", "token_truncate, token_mask, sequence_truncate or "
+                                  "sequence_mask (TRL's names).", _SAMPLER)] = "token_truncate",
+    tis_cap: Annotated[float | None, _opt("--tis-cap", "Upper cap of the correction weight.", _SAMPLER)] = 3.0,
+    tis_min: Annotated[float | None, _opt("--tis-min", "Lower cap (default: none).", _SAMPLER)] = None,
+    beta: Annotated[float, _opt("--beta", "KL coefficient (k3 estimator).")] = 0.0,
+    kl_reference: Annotated[str, _opt("--kl-reference", "KL to: base (the run's first model) or previous.")]
+    = "base",
+    temperature: Annotated[float, _opt("--temperature", "Sampling temperature of rows that record none.")]
+    = 1.0,
+    agent_temperature: Annotated[float | None, _opt("--agent-temperature", "The Agent's (default: as the "
+                                                    "rows record).")] = None,
+    designer_temperature: Annotated[float | None, _opt("--designer-temperature", "The Designer's (default: "
+                                                       "as the rows record).")] = None,
     agent_weight: Annotated[float, _opt("--agent-weight", "Weight of the Agent's policy term.")] = 1.0,
     designer_weight: Annotated[float, _opt("--designer-weight", "Weight of the Designer's policy term.")] = 1.0,
     invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design that has no score row.")] = -1.0,
     max_completion_length: Annotated[int | None, _opt(
         "--max-completion-length", "dr_grpo's normaliser (default: the longest completion).")] = None,
-    learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate (constant).", _OPT)] = 1e-6,
+    learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate.", _OPT)] = 1e-6,
+    lr_scheduler_type: Annotated[str, _opt("--lr-scheduler-type", "constant, constant_with_warmup, linear, "
+                                           "cosine (over the whole run).", _OPT)] = "constant",
+    warmup_steps: Annotated[int, _opt("--warmup-steps", "Warm-up optimizer steps.", _OPT, min=0)] = 0,
+    max_steps: Annotated[int | None, _opt("--max-steps", "The run's total optimizer steps (linear, "
+                                          "cosine).", _OPT, min=1)] = None,
     weight_decay: Annotated[float, _opt("--weight-decay", "AdamW weight decay.", _OPT)] = 0.0,
     per_device_train_batch_size: Annotated[int, _opt("--per-device-train-batch-size", "Sequences per "
                                                      "micro-batch.", _OPT, min=1)] = 8,
@@ -66,6 +82,11 @@ def update(
     bf16: Annotated[bool, _opt("--bf16", "bf16 autocast (GPU).", _OPT)] = False,
     gradient_checkpointing: Annotated[bool, _opt("--gradient-checkpointing", "Recompute activations.", _OPT)]
     = False,
+    fresh_optimizer: Annotated[bool, _opt("--fresh-optimizer", "Ignore the input's trainer state.", _STATE)]
+    = False,
+    keep_state_every: Annotated[int, _opt("--keep-state-every", "Prune the input's state unless its "
+                                          "update count is a multiple of N (0: keep all).", _STATE, min=0)] = 0,
+    audit: Annotated[bool, _opt("--audit/--no-audit", "Weight-change audit in update.json.", _STATE)] = True,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     force: ForceOpt = False,
@@ -75,7 +96,9 @@ def update(
     Agent episodes are grouped by environment (advantage from the return; environment tokens get no
     gradient), Designer completions by prompt group (advantage from designer_reward). Groups
     without reward spread are dropped. Runs unchanged under `accelerate launch` (DeepSpeed, FSDP
-    configs in recipes/accelerate/). Writes a Hugging Face checkpoint plus update.json.
+    configs in recipes/accelerate/). Writes a Hugging Face checkpoint in the input's dtype, the
+    trainer state beside it (trainer_state/: fp32 master weights, AdamW, scheduler, RNG) and
+    update.json; given such a checkpoint as --model, the next update resumes its state.
 
     Example: [bold]spade update --model ckpt/tiny --designs validated.jsonl --rollouts 'rollouts*.jsonl'
     --scores scores.jsonl --out ckpt/iter_0001[/]
@@ -87,18 +110,26 @@ def update(
         model=model, designs=designs, rollouts=rollouts, scores=scores, out=str(out),
         agent_episodes=agent_episodes, loss_type=loss_type, scale_rewards=scale_rewards, epsilon=epsilon,
         epsilon_high=epsilon_high, delta=delta, importance_sampling_level=importance_sampling_level,
-        importance_sampling=importance_sampling, beta=beta, learning_rate=learning_rate,
-        weight_decay=weight_decay, temperature=temperature, agent_weight=agent_weight,
+        importance_sampling=importance_sampling, tis_mode=tis_mode, tis_cap=tis_cap, tis_min=tis_min, beta=beta,
+        kl_reference=kl_reference, learning_rate=learning_rate, lr_scheduler_type=lr_scheduler_type,
+        warmup_steps=warmup_steps, max_steps=max_steps, weight_decay=weight_decay, temperature=temperature,
+        agent_temperature=agent_temperature, designer_temperature=designer_temperature, agent_weight=agent_weight,
         designer_weight=designer_weight, invalid_reward=invalid_reward,
         per_device_train_batch_size=per_device_train_batch_size,
         gradient_accumulation_steps=gradient_accumulation_steps, num_iterations=num_iterations,
         max_grad_norm=max_grad_norm, max_completion_length=max_completion_length, lora=lora, lora_r=lora_r,
-        lora_alpha=lora_alpha, bf16=bf16, gradient_checkpointing=gradient_checkpointing, seed=seed)
+        lora_alpha=lora_alpha, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+        fresh_optimizer=fresh_optimizer, keep_state_every=keep_state_every, audit=audit, seed=seed)
     for name, value, allowed in (("--loss-type", loss_type, ("grpo", "bnpo", "dr_grpo", "dapo")),
                                  ("--scale-rewards", scale_rewards, ("group", "batch", "none")),
                                  ("--agent-episodes", agent_episodes, ("unhinted", "hinted", "both")),
                                  ("--importance-sampling-level", importance_sampling_level,
-                                  ("token", "sequence"))):
+                                  ("token", "sequence")),
+                                 ("--tis-mode", tis_mode, ("token_truncate", "token_mask", "sequence_truncate",
+                                                           "sequence_mask")),
+                                 ("--kl-reference", kl_reference, ("base", "previous")),
+                                 ("--lr-scheduler-type", lr_scheduler_type, ("constant", "constant_with_warmup",
+                                                                             "linear", "cosine"))):
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
     if not rollouts and not designs:
@@ -109,7 +140,8 @@ def update(
     if summary.get("unchanged"):
         console.print(f"[yellow]wrote[/] {out}: the input model unchanged (no sample carries a learning signal)")
     elif summary.get("status") == "ok":
-        console.print(f"[green]wrote[/] {out}: {summary['samples']} samples, loss {summary['loss']:.4g}")
+        resumed = f", resumed {summary['resumed_state']}" if summary.get("resumed_state") else ", fresh optimizer"
+        console.print(f"[green]wrote[/] {out}: {summary['samples']} samples, loss {summary['loss']:.4g}{resumed}")
     finish(summary)
 
 

@@ -1,0 +1,140 @@
+"""The trainer state that survives the stage boundary, and the served checkpoint beside it.
+
+A checkpoint written by ``spade update`` is a plain Hugging Face directory in the serving dtype
+(what vLLM, lm-eval, transformers and the next rollout load) plus ``trainer_state/``, which none of
+them reads: accelerate's ``save_state`` (fp32 master weights, AdamW moments, the LR scheduler, RNG
+states; sharded per rank under DeepSpeed ZeRO or FSDP) and ``spade_state.json`` (spade's counters:
+updates and optimizer steps so far, the run's iteration-0 model for the KL reference, the LoRA
+shape). Without it every update would restart Adam and round its step into bf16, which at the
+usual learning rates loses most of the update (see docs/update.md, "Trainer state").
+
+The next ``spade update`` given this checkpoint as ``--model`` resumes from the state (no flag);
+``--fresh-optimizer`` opts out. ``--keep-state-every N`` deletes the superseded state of the input
+checkpoint after a successful update unless its update count is a multiple of N; the counters file
+stays (marked ``pruned``) so a later resume fails with a message instead of silently starting over.
+
+Also here: the served state dict (cast to the input's dtype, tied embeddings left tied, the config
+saying the dtype it holds) and the audit of what the served checkpoint kept of the update.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from spade_cli.artifacts import SpadeError, atomic_write_text
+
+STATE_DIR = "trainer_state"
+META = "spade_state.json"
+FORMAT = 1
+
+
+def find(model: str) -> dict | None:
+    """The counters of ``model``'s trainer state (with ``path``), or None (a hub id, an outside
+    checkpoint, or a checkpoint from before trainer states)."""
+    meta_path = Path(model) / STATE_DIR / META
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpadeError(f"{meta_path}: unreadable trainer state ({exc}); pass --fresh-optimizer to start "
+                         "from the checkpoint's weights") from exc
+    if meta.get("format") != FORMAT:
+        raise SpadeError(f"{meta_path}: trainer state format {meta.get('format')!r}, expected {FORMAT}")
+    return {**meta, "path": str(meta_path.parent)}
+
+
+def check_resumable(state: dict, lora: bool, lora_r: int, lora_alpha: int) -> None:
+    """Refuse a state this run cannot load, with the way out in the message."""
+    if state.get("pruned"):
+        raise SpadeError(f"the trainer state in {state['path']} was pruned (--keep-state-every); pass "
+                         "--fresh-optimizer to start from the checkpoint's weights with a new optimizer")
+    mine = {"lora": lora, "lora_r": lora_r if lora else None, "lora_alpha": lora_alpha if lora else None}
+    theirs = {k: state.get(k) for k in mine}
+    if mine != theirs:
+        raise SpadeError(f"the trainer state in {state['path']} was written with {theirs}, this run has {mine}; "
+                         "pass --fresh-optimizer to start over from the checkpoint's weights")
+
+
+def write_meta(state_dir: Path, meta: dict) -> None:
+    atomic_write_text(state_dir / META, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
+
+
+def prune(checkpoint: str, keep_every: int) -> bool:
+    """Delete a superseded state unless its update count is a multiple of ``keep_every``; the
+    counters stay, marked pruned. Returns whether anything was deleted."""
+    state = find(checkpoint)
+    if keep_every <= 0 or state is None or state.get("pruned") or state.get("updates", 0) % keep_every == 0:
+        return False
+    d = Path(state["path"])
+    for child in d.iterdir():
+        if child.name != META:
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    write_meta(d, {**{k: v for k, v in state.items() if k not in ("path", "format")}, "pruned": True})
+    return True
+
+
+def size_bytes(state_dir: Path) -> int:
+    return sum(f.stat().st_size for f in state_dir.rglob("*") if f.is_file())
+
+
+def serving_dtype(model: str) -> Any:
+    """The dtype the input checkpoint is stored in (the output keeps it), or None."""
+    import torch
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(model), "dtype", None)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def tied_keys(model: Any) -> set[str]:
+    """State-dict keys that alias another tensor (``lm_head.weight`` of a tied-embedding model):
+    left out on save, so the checkpoint stays tied and transformers re-ties on load."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not getattr(cfg, "tie_word_embeddings", False):
+        return set()
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return set(tied) if isinstance(tied, dict) else set(tied)
+
+
+def served(state_dict: dict, dtype: Any, drop: set[str]) -> dict:
+    """The master weights cast to the serving dtype (round to nearest), tied aliases dropped."""
+    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v)
+            for k, v in state_dict.items() if k not in drop}
+
+
+def audit(served_before: dict, master_before: dict | None, master_after: dict, served_after: dict) -> dict:
+    """What the served checkpoint kept of this update, per element of the floating tensors.
+
+    ``changed_fraction``: elements whose served value changed. ``master_update_l2``: the L2 norm of
+    the fp32 update. ``rounding_lost_fraction``: ||served update - master update|| / ||master
+    update|| (0 when serving in fp32; near 1 when the update is rounded away). ``residual_l2``:
+    ||masters - served|| after the update, which only the trainer state carries forward.
+    """
+    import torch
+
+    changed = total = 0
+    upd = served_upd = lost = resid = 0.0
+    for k, s_after in served_after.items():
+        if not s_after.is_floating_point() or k not in served_before:
+            continue
+        s_b, s_a = served_before[k].float(), s_after.float()
+        m_a = master_after[k].float()
+        m_b = master_before[k].float() if master_before is not None else s_b
+        changed += int((served_before[k] != s_after).sum())
+        total += s_after.numel()
+        d_master, d_served = m_a - m_b, s_a - s_b
+        upd += float(torch.sum(d_master.double() ** 2))
+        served_upd += float(torch.sum(d_served.double() ** 2))
+        lost += float(torch.sum((d_served - d_master).double() ** 2))
+        resid += float(torch.sum((m_a - s_a).double() ** 2))
+    upd_l2 = math.sqrt(upd)
+    return {"changed_fraction": changed / total if total else 0.0, "elements": total,
+            "master_update_l2": upd_l2, "served_update_l2": math.sqrt(served_upd),
+            "rounding_lost_fraction": math.sqrt(lost) / upd_l2 if upd_l2 > 0 else None,
+            "residual_l2": math.sqrt(resid)}

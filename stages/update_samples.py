@@ -1,0 +1,189 @@
+"""`spade update`'s inputs: stored rows -> training samples with advantages and sampling parameters.
+
+Agent samples are episodes (``spade.rollout/1``) grouped by ``(env_id, hinted)``, rewarded by their
+``return``; Designer samples are designs with tokens grouped by ``group_id``, rewarded by their
+score row's ``designer_reward`` (see ``stages.update`` for the rules). This module also finds how
+each sample was drawn, because the trainer must score it at the same temperature and the sampler
+correction is only sound for full-distribution sampling or for stored log-probs that say what the
+sampler did:
+
+- a design row records ``gen: {temperature, top_p, ...}`` (``spade design`` writes it);
+- a rollout row may record ``extra.sampling`` / ``extra.gen``; rows written by ``spade rollout``
+  today do not, so its manifest's ``config`` (``temperature``, ``top_p``) is read instead;
+- otherwise the role's ``--*-temperature`` (or ``--temperature``) is assumed, top-p 1.
+
+A sample's temperature is what it records; a role flag that disagrees with a row is refused. A
+sample drawn with top-p < 1 or top-k > 0 is trained only with the sampler correction on (its stored
+log-probs are renormalised over the nucleus, and the correction weight ``pi / q`` restricts the
+gradient to the nucleus); without the correction, or without stored log-probs, it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spade_cli.artifacts import InputError, read_rows
+from spade_cli.records import Design, Rollout, Score
+
+if TYPE_CHECKING:
+    from spade_cli.grpo import Sample
+    from stages.update import UpdateConfig
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _tokens(path: Path, line: int, tokens: dict, need_env_mask: bool) -> tuple[list, list, list, list | None]:
+    """Checked (prompt_ids, completion_ids, mask, logprobs) of a row; a malformed field names the row."""
+    p, c = tokens.get("prompt_ids"), tokens.get("completion_ids")
+    if not _ids(p) or not _ids(c) or not c:
+        raise InputError(path, line, "tokens.prompt_ids/completion_ids must be non-empty lists of ints")
+    mask = tokens.get("env_mask") if need_env_mask else [1] * len(c)
+    if not isinstance(mask, list) or len(mask) != len(c) or any(m not in (0, 1) for m in mask):
+        raise InputError(path, line, "tokens.env_mask must be a list of 0/1 as long as completion_ids")
+    lps = tokens.get("logprobs")
+    if lps is not None:
+        if not isinstance(lps, list) or len(lps) != len(c):
+            raise InputError(path, line, "tokens.logprobs must be as long as completion_ids")
+        for m, lp in zip(mask, lps, strict=True):
+            if m and not (isinstance(lp, int | float) and math.isfinite(lp)):
+                raise InputError(path, line, "tokens.logprobs must be finite numbers at agent tokens")
+        lps = [float(lp) if m else 0.0 for m, lp in zip(mask, lps, strict=True)]
+    return p, c, mask, lps
+
+
+class SamplingParams:
+    """How rows were drawn: the row's own record, else its file's manifest (cached per file)."""
+
+    def __init__(self) -> None:
+        self._manifests: dict[Path, dict] = {}
+
+    def _manifest(self, path: Path) -> dict:
+        if path not in self._manifests:
+            try:
+                self._manifests[path] = json.loads(Path(f"{path}.manifest.json").read_text()).get("config") or {}
+            except (OSError, ValueError):
+                self._manifests[path] = {}
+        return self._manifests[path]
+
+    def of(self, path: Path, record: dict | None) -> dict:
+        src = record if isinstance(record, dict) and "temperature" in record else self._manifest(path)
+        return {k: src.get(k) for k in ("temperature", "top_p", "top_k")}
+
+
+def _resolve(cfg: UpdateConfig, role: str, path: Path, line: int, params: dict, has_logprobs: bool) -> float:
+    """The sample's temperature; refuses what the trainer cannot score faithfully."""
+    flag = getattr(cfg, f"{role}_temperature")
+    recorded = params.get("temperature")
+    if recorded is not None:
+        if not isinstance(recorded, int | float) or recorded <= 0:
+            raise InputError(path, line, f"sampled at temperature {recorded!r}: greedy or malformed samples "
+                                         "have no sampling distribution to train on")
+        if flag is not None and not math.isclose(flag, recorded):
+            raise InputError(path, line, f"sampled at temperature {recorded:g} but --{role}-temperature is "
+                                         f"{flag:g}; the trainer must score samples at their own temperature")
+    temperature = float(recorded if recorded is not None else flag if flag is not None else cfg.temperature)
+    top_p, top_k = params.get("top_p"), params.get("top_k")
+    truncated = (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0)
+    if truncated and (not cfg.importance_sampling or not has_logprobs):
+        why = "the sampler correction is off" if not cfg.importance_sampling else "the row has no sampler log-probs"
+        raise InputError(path, line, f"sampled with top-p {top_p} / top-k {top_k}, and {why}: the trainer's "
+                                     "full-distribution log-probs are another policy. Train with the sampler "
+                                     "correction on (--importance-sampling, the default) on rows with "
+                                     "log-probs, or sample with --top-p 1")
+    return temperature
+
+
+def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
+    """Read the artifacts into samples with advantages; returns (kept samples, per-role counts)."""
+    import torch
+
+    from spade_cli import grpo
+    from spade_cli.grpo import Sample
+
+    counts: dict[str, dict[str, int]] = {"agent": {}, "designer": {}}
+
+    def bump(role: str, key: str) -> None:
+        counts[role][key] = counts[role].get(key, 0) + 1
+
+    # A score row names its design by (group_id, sample) when regret copied them (one row per
+    # design, invalid ones included); env_id alone is ambiguous for parse failures and duplicates.
+    rewards: dict[str, float] = {}
+    slot_rewards: dict[tuple, float] = {}
+    for _path, _line, rec in read_rows(cfg.scores, "spade.score"):
+        assert isinstance(rec, Score)
+        rewards.setdefault(rec.env_id, float(rec.designer_reward))
+        if rec.extra.get("group_id") is not None:
+            slot_rewards[(rec.extra["group_id"], rec.extra.get("sample"))] = float(rec.designer_reward)
+
+    sampling = SamplingParams()
+    samples: list[Sample] = []
+    want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
+    # A role with weight 0 is left out entirely, not multiplied by 0: its tokens would still enter
+    # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
+    # from a run without it (the fixed-pool baselines rely on that identity).
+    use_rollouts = bool(cfg.rollouts) and cfg.agent_weight != 0.0
+    use_designs = bool(cfg.designs) and cfg.designer_weight != 0.0
+    for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if use_rollouts else []:
+        assert isinstance(rec, Rollout)
+        if rec.hinted not in want:
+            continue
+        bump("agent", "episodes")
+        if rec.error is not None:
+            bump("agent", "skipped_error")
+            continue
+        if not rec.tokens:
+            bump("agent", "skipped_no_tokens")
+            continue
+        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask=True)
+        params = sampling.of(path, rec.extra.get("sampling") or rec.extra.get("gen"))
+        temp = _resolve(cfg, "agent", path, line, params, lps is not None)
+        samples.append(Sample("agent", ("agent", rec.env_id, rec.hinted), float(rec.return_), p, c, mask, lps,
+                              temperature=temp))
+
+    for path, line, rec in read_rows(cfg.designs, ("spade.validation", "spade.design")) if use_designs else []:
+        assert isinstance(rec, Design)
+        bump("designer", "designs")
+        if not rec.tokens:
+            bump("designer", "skipped_no_tokens")
+            continue
+        invalid = rec.code is None or getattr(rec, "valid", True) is False
+        if invalid:
+            bump("designer", "invalid")
+        slot = (rec.group_id, rec.sample)
+        if slot in slot_rewards:
+            reward = slot_rewards[slot]
+        elif invalid:
+            reward = cfg.invalid_reward
+        elif rec.env_id in rewards:
+            reward = rewards[rec.env_id]
+        else:
+            bump("designer", "skipped_unscored")
+            continue
+        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask=False)
+        temp = _resolve(cfg, "designer", path, line, sampling.of(path, rec.gen), lps is not None)
+        group = ("designer", rec.group_id if rec.group_id is not None else f"{path}:{line}")
+        samples.append(Sample("designer", group, reward, p, c, mask, lps, temperature=temp))
+
+    kept: list[Sample] = []
+    for role in ("agent", "designer"):
+        mine = [s for s in samples if s.role == role]
+        if not mine:
+            continue
+        adv, keep = grpo.group_advantages(torch.tensor([s.reward for s in mine]), [s.group for s in mine],
+                                          cfg.scale_rewards)
+        groups = {s.group for s in mine}
+        live = {s.group for s, k in zip(mine, keep.tolist(), strict=True) if k}
+        counts[role].update(samples=len(mine), groups=len(groups), zero_spread_groups=len(groups - live))
+        for s, a, k in zip(mine, adv.tolist(), keep.tolist(), strict=True):
+            if k:
+                s.advantage = a
+                kept.append(s)
+    for role, given, used in (("agent", cfg.rollouts, use_rollouts), ("designer", cfg.designs, use_designs)):
+        if given and not used:
+            counts[role]["left_out"] = "weight 0"
+    return kept, counts

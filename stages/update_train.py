@@ -1,0 +1,312 @@
+"""`spade update`'s optimizer: model, optimizer and state set-up, and one GRPO pass over the samples.
+
+``prepare`` builds the accelerator, the fp32 model (TRL's fused LM head, dropout off, optional
+LoRA and gradient checkpointing), AdamW and the LR scheduler, the KL reference, and resumes the
+trainer state of the input checkpoint when there is one (``accelerator.load_state``: fp32 master
+weights, Adam moments, scheduler, RNG). ``train_pass`` then
+
+1. recomputes the old log-probs with the trainer before the first optimizer step (as TRL does), so
+   the PPO ratio starts at exactly 1 and measures only this update's own drift;
+2. weights each sample's policy term by the truncated importance-sampling correction (TIS)
+   ``exp(old - sampler)`` against the stored sampler log-probs, which corrects for what the sampler
+   did differently (vLLM in bf16, top-p renormalisation, the bf16 rounding of the served weights);
+3. normalises each role's loss over its own tokens or sequences in the step (``grpo.row_scales``),
+   scores each sample at its own sampling temperature, and steps AdamW and the scheduler.
+
+Temperatures: TRL's fused head takes one temperature. When samples differ (the Designer sampled
+at 1.0, the Agent at 0.7), the head runs at 1.0 and a forward hook divides the backbone's last
+hidden state per row by its temperature, which equals dividing the logits because the LM head is
+linear without bias (checked; otherwise mixed temperatures are refused).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spade_cli.artifacts import SpadeError
+
+if TYPE_CHECKING:
+    from spade_cli.grpo import Sample
+    from stages.update import UpdateConfig
+
+
+class RowTemperature:
+    """Per-row temperatures for the next forward (None: the fused head's own temperature)."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def hook(self, _module: Any, _args: Any, output: Any) -> Any:
+        if self.value is not None:
+            output.last_hidden_state = output.last_hidden_state / self.value.to(
+                output.last_hidden_state.dtype).view(-1, 1, 1)
+        return output
+
+
+@dataclass
+class Trainer:
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    ref: Any
+    tokenizer: Any
+    temps: RowTemperature | None
+    ref_kind: str | None  # "adapter_off" | "copy" | None
+    counters: dict = field(default_factory=dict)
+    snapshots: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+
+def _load(path: str, temperature: float, row_temps: RowTemperature | None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # the fp32 masters
+    add_fused_lm_head(m, temperature=temperature, outputs=("log_probs", "entropy"))
+    disable_dropout_in_model(m)  # as TRL does: sampler and trainer must see one policy
+    if row_temps is not None:
+        head = m.get_output_embeddings()
+        cfg = m.config.get_text_config()
+        if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
+            raise SpadeError("samples at different temperatures need a bias-free, uncapped LM head; "
+                             "update each temperature separately")
+        m.base_model.register_forward_hook(row_temps.hook)
+    return m
+
+
+def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, base: str) -> Trainer:
+    """Everything the pass needs; ``state`` (from ``trainer_state.find``) is resumed when given."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer, get_scheduler
+
+    from spade_cli import trainer_state
+
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                              mixed_precision="bf16" if cfg.bf16 else None)
+    ds = accelerator.state.deepspeed_plugin
+    if ds is not None:  # no dataloader goes through prepare(), so DeepSpeed cannot infer these
+        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.per_device_train_batch_size
+        ds.deepspeed_config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    uniform = len(temperatures) <= 1
+    head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
+    row_temps = None if uniform else RowTemperature()
+    model = _load(cfg.model, head_t, row_temps)
+    snapshots: dict = {}
+    if cfg.audit and not cfg.lora:  # what was served before: the input checkpoint, exactly
+        dtype = trainer_state.serving_dtype(cfg.model)
+        drop = trainer_state.tied_keys(model)
+        snapshots["served_before"] = {k: v.detach().to(dtype or v.dtype, copy=True)
+                                      for k, v in model.state_dict().items() if k not in drop}
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        if cfg.gradient_checkpointing:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    # The KL reference. With LoRA the frozen base is the adapter switched off: that is the input
+    # model on a fresh start, and the run's base model once the adapter persists in the state.
+    ref, ref_kind = None, None
+    if cfg.beta != 0.0:
+        ref_path = base if cfg.kl_reference == "base" else cfg.model
+        frozen = base if state is not None else cfg.model
+        if cfg.lora and ref_path == frozen:
+            ref_kind = "adapter_off"
+        else:
+            ref = _load(ref_path, head_t, row_temps).eval().requires_grad_(False).to(accelerator.device)
+            ref_kind = "copy"
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
+                            weight_decay=cfg.weight_decay)
+    if cfg.lr_scheduler_type in ("linear", "cosine") and not cfg.max_steps:
+        raise SpadeError(f"--lr-scheduler-type {cfg.lr_scheduler_type} needs --max-steps (the run's total)")
+    sched = get_scheduler(cfg.lr_scheduler_type, opt, num_warmup_steps=cfg.warmup_steps,
+                          num_training_steps=cfg.max_steps or None)
+    model, opt = accelerator.prepare(model, opt)
+    # Stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
+    accelerator.register_for_checkpointing(sched)
+    counters = {"updates": 0, "optimizer_steps": 0, "base_model": base}
+    timings: dict = {}
+    if state is not None:
+        t0 = time.perf_counter()
+        accelerator.load_state(state["path"])
+        timings["state_load_s"] = round(time.perf_counter() - t0, 3)
+        counters.update(updates=state.get("updates", 0), optimizer_steps=state.get("optimizer_steps", 0))
+        if cfg.audit and not cfg.lora:
+            sd = accelerator.get_state_dict(model)
+            snapshots["master_before"] = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in sd.items()}
+    return Trainer(accelerator, model, opt, sched, ref, tokenizer, row_temps, ref_kind, counters, snapshots, timings)
+
+
+def logps(model: Any, mb: dict, temps: RowTemperature | None = None) -> tuple[Any, Any]:
+    """Per-token log-probs and entropies of the completion positions, at each row's temperature,
+    through TRL's fused LM head (the (B, L, vocab) logits never exist)."""
+    if temps is not None:
+        temps.value = mb["temperature"]
+    try:
+        out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                    position_ids=mb["position_ids"], labels=mb["labels"], fused_lm_head=True)
+    finally:
+        if temps is not None:
+            temps.value = None
+    P = mb["P"]
+    return out.log_probs[:, P - 1:], out.entropy[:, P - 1:] if out.entropy is not None else None
+
+
+def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id: int) -> dict:
+    """pi_old from the trainer before the first step, for every sample; returns the statistics of
+    the sampler correction these old log-probs imply (what ``update.json`` reports under ``sampler``)."""
+    import torch
+
+    from spade_cli import grpo
+
+    bs = cfg.per_device_train_batch_size
+    diffs, weights, raws = [], [], []
+    with torch.no_grad():
+        for i in range(0, len(samples), bs):
+            chunk = samples[i:i + bs]
+            mb = grpo.collate(chunk, chunk[0], pad_id, tr.accelerator.device)
+            with tr.accelerator.autocast():
+                lp, _ = logps(tr.model, mb, tr.temps)
+            lp = lp.float()
+            for j, s in enumerate(chunk):
+                s.old_logps = [v if m else 0.0 for v, m in zip(lp[j, :len(s.mask)].tolist(), s.mask, strict=True)]
+            mb = grpo.collate(chunk, chunk[0], pad_id, "cpu")
+            live = torch.tensor([s.sampler_logps is not None for s in chunk])
+            mask = mb["mask"] * live[:, None]
+            if cfg.importance_sampling and bool(live.any()):
+                w, raw = grpo.sampler_correction(mb["old"], mb["sampler"], mask, cfg.tis_mode, cfg.tis_cap,
+                                                 cfg.tis_min)
+                sel = (mask > 0) if w.shape == mask.shape else live[:, None]
+                weights.append(w[sel])
+                raws.append(raw[sel])
+            diffs.append((mb["old"] - mb["sampler"]).abs()[mask > 0])
+    with_lp = sum(s.sampler_logps is not None for s in samples)
+    stats: dict = {"enabled": cfg.importance_sampling, "mode": cfg.tis_mode, "cap": cfg.tis_cap,
+                   "cap_min": cfg.tis_min, "rows_with_sampler_logprobs": with_lp,
+                   "rows_without_sampler_logprobs": len(samples) - with_lp}
+    d = torch.cat(diffs) if diffs else torch.zeros(0)
+    stats["logp_diff_abs"] = {"mean": float(d.mean()), "max": float(d.max())} if d.numel() else None
+    if weights:
+        w, raw = torch.cat(weights), torch.cat(raws)
+        lo = -float("inf") if cfg.tis_min is None else cfg.tis_min
+        hi = float("inf") if cfg.tis_cap is None else cfg.tis_cap
+        stats["weight"] = grpo.describe(w)
+        stats["raw_ratio"] = grpo.describe(raw)
+        stats["outside_cap_fraction"] = float(((raw < lo) | (raw > hi)).float().mean())
+    return stats
+
+
+def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None]) -> dict:
+    """Old log-probs, then ``num_iterations`` passes of optimizer steps; returns metrics and roles."""
+    import torch
+
+    from spade_cli import grpo
+
+    acc, model, opt = tr.accelerator, tr.model, tr.optimizer
+    pad_id = tr.tokenizer.pad_token_id if tr.tokenizer.pad_token_id is not None else 0
+    world, ga = acc.num_processes, cfg.gradient_accumulation_steps
+    t_old = time.time()
+    sampler_stats = fill_old_logps(tr, cfg, samples, pad_id)
+    old_seconds = time.time() - t_old
+    mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
+    weight = {"agent": cfg.agent_weight, "designer": cfg.designer_weight}
+    plan = grpo.plan_steps(len(samples), cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
+    keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
+    sums = torch.zeros(len(keys), dtype=torch.float64)
+    grad_norms: list[float] = []
+    t0 = time.time()
+    for step, ranks in enumerate(plan):
+        # The per-role normalisers of this step, over every process's micro-batches (same on all).
+        rows = [(i, (r, k)) for r, mbs in enumerate(ranks) for k, mbatch in enumerate(mbs) for i in mbatch
+                if i is not None]
+        scales = dict(zip([i for i, _ in rows], grpo.row_scales(
+            cfg.loss_type, [samples[i].role for i, _ in rows], [sum(samples[i].mask) for i, _ in rows],
+            [mb for _, mb in rows], mcl), strict=True))
+        fallback = samples[rows[0][0]]
+        for mbatch in ranks[acc.process_index]:
+            with acc.accumulate(model):
+                mb = grpo.collate([None if i is None else samples[i] for i in mbatch], fallback, pad_id, acc.device)
+                w = torch.tensor([0.0 if i is None else weight[samples[i].role] for i in mbatch], device=acc.device)
+                c = torch.tensor([0.0 if i is None else scales[i] for i in mbatch], device=acc.device)
+                mask = mb["mask"]
+                is_w = None
+                if cfg.importance_sampling:
+                    is_w, _ = grpo.sampler_correction(mb["old"], mb["sampler"], mask, cfg.tis_mode, cfg.tis_cap,
+                                                      cfg.tis_min)
+                with acc.autocast():
+                    lp, ent = logps(model, mb, tr.temps)
+                    ref_lp = None
+                    if cfg.beta != 0.0:
+                        with torch.no_grad():
+                            if tr.ref is not None:
+                                ref_lp, _ = logps(tr.ref, mb, tr.temps)
+                            else:
+                                with acc.unwrap_model(model).disable_adapter():
+                                    ref_lp, _ = logps(model, mb, tr.temps)
+                lp = lp.float()
+                ptl, coef_1, kl = grpo.per_token_loss(
+                    lp, mb["old"], mb["adv"], mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                    delta=cfg.delta, importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta,
+                    ref_logps=None if ref_lp is None else ref_lp.float(),
+                    use_bias_correction_kl=cfg.use_bias_correction_kl, weights=w, is_ratio=is_w)
+                loss = ((ptl * mask).sum(-1) * c).sum()
+                # accelerate divides by the accumulation steps and DDP averages over processes;
+                # the step's loss is the plain sum of its micro-batch terms, so undo both.
+                acc.backward(loss * ga * world)
+                if acc.sync_gradients and cfg.max_grad_norm and cfg.max_grad_norm > 0:
+                    norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    if norm is not None:
+                        grad_norms.append(float(norm))
+                opt.step()
+                if acc.sync_gradients:
+                    tr.scheduler.step()
+                    tr.counters["optimizer_steps"] += 1
+                opt.zero_grad()
+            with torch.no_grad():
+                clips = grpo.clip_fractions(coef_1, mb["adv"], mask, epsilon=cfg.epsilon,
+                                            epsilon_high=cfg.epsilon_high)
+                vals = [float(loss), float((kl * mask).sum()) if kl is not None else 0.0,
+                        float((ent.float() * mask).sum()) if ent is not None else 0.0, float(clips["clip_low"]),
+                        float(clips["clip_high"]), float(clips["clip_region"]), float(mask.sum()),
+                        float(mb["attention_mask"][mb["real"] > 0].sum())]
+                sums += torch.tensor(vals, dtype=torch.float64)
+        log(f"step {step + 1}/{len(plan)}: grad norm {grad_norms[-1] if grad_norms else float('nan'):.4g}")
+    seconds = time.time() - t0
+    tr.counters["updates"] += 1
+    totals = dict(zip(keys, acc.reduce(sums.to(acc.device), reduction="sum").tolist(), strict=True))
+    attended = int(totals.pop("seq_tokens"))
+    tokens = max(totals["tokens"], 1.0)
+    metrics = {
+        "loss": totals["loss"] / max(len(plan), 1),
+        "kl": totals["kl"] / tokens if cfg.beta != 0.0 else None,
+        "entropy": totals["entropy"] / tokens,
+        "clip_ratio": {k.split("_")[1]: totals[k] / tokens for k in ("clip_low", "clip_high", "clip_region")},
+        "grad_norm": {"mean": sum(grad_norms) / len(grad_norms), "max": max(grad_norms)} if grad_norms else None,
+        "optimizer_steps": len(plan), "old_logps_recomputed": len(samples), "max_completion_length": mcl,
+        "learning_rate": tr.scheduler.get_last_lr()[0], "old_logps_seconds": round(old_seconds, 3),
+        "train_seconds": round(seconds, 3), "processes": world,
+        "tokens_per_s": round(attended / seconds, 1) if seconds > 0 else None,
+    }
+    roles = {}
+    for role in ("agent", "designer"):
+        mine = [s for s in samples if s.role == role]
+        roles[role] = {
+            "advantage": grpo.describe(torch.tensor([s.advantage for s in mine])),
+            "reward": grpo.describe(torch.tensor([s.reward for s in mine])),
+            "temperature": sorted({s.temperature for s in mine}),
+            "tokens": {"prompt": sum(len(s.prompt_ids) for s in mine), "trained": sum(sum(s.mask) for s in mine),
+                       "env_masked": sum(len(s.mask) - sum(s.mask) for s in mine)},
+        }
+    return {"metrics": metrics, "roles": roles, "sampler": sampler_stats}
