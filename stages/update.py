@@ -124,6 +124,8 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
     """Write the trainer state and the served checkpoint (input dtype, tied embeddings tied,
     config dtype = tensor dtype, tokenizer) to ``tmp``; returns the state figures and the audit.
     Every process calls this (ZeRO-3 and FSDP save and gather collectively); the main one writes."""
+    import json
+
     from spade_cli import trainer_state
 
     acc, model = tr.accelerator, tr.model
@@ -149,12 +151,11 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
         unwrapped = unwrapped.merge_and_unload()
         state_dict = unwrapped.state_dict()
     out_sd = trainer_state.served(state_dict, dtype, trainer_state.tied_keys(unwrapped))
-    saved_dtype = unwrapped.config.dtype
-    unwrapped.config.dtype = dtype or saved_dtype  # the config says what the tensors hold
-    try:
-        unwrapped.save_pretrained(tmp, state_dict=out_sd)
-    finally:
-        unwrapped.config.dtype = saved_dtype
+    unwrapped.save_pretrained(tmp, state_dict=out_sd)
+    if dtype is not None:  # save_pretrained writes the dtype of the fp32 masters, not of the tensors
+        config = json.loads((tmp / "config.json").read_text())
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     tr.tokenizer.save_pretrained(tmp)
     if "served_before" in tr.snapshots:
         info["audit"] = trainer_state.audit(tr.snapshots["served_before"], tr.snapshots.get("master_before"),
