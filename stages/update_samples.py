@@ -127,9 +127,18 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
     # from a run without it (the fixed-pool baselines rely on that identity).
     use_rollouts = bool(cfg.rollouts) and cfg.agent_weight != 0.0
-    use_designs = bool(cfg.designs) and cfg.designer_weight != 0.0
+    use_designs = bool(cfg.designs)
+    seen: dict[str, tuple] = {}  # episode_id -> where and what: a repeat trains once, as regret counts it
     for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if use_rollouts else []:
         assert isinstance(rec, Rollout)
+        key = (rec.env_id, rec.hinted, rec.pair, rec.return_, rec.error)
+        first = seen.setdefault(rec.episode_id, (path, line, key))
+        if first[:2] != (path, line):
+            if first[2] != key:
+                raise InputError(path, line, f"episode {rec.episode_id!r} is also at {first[0]}:{first[1]} "
+                                 "with other values; two runs are mixed, keep one of them")
+            bump("agent", "skipped_duplicate")
+            continue
         if rec.hinted not in want:
             continue
         bump("agent", "episodes")

@@ -131,8 +131,11 @@ def test_out_in_a_read_only_directory(d: Path, stage: str) -> None:
 
 
 @pytest.mark.parametrize("stage", ["design", "rollout"])
-def test_out_is_a_device_or_a_directory(d: Path, stage: str) -> None:
-    _refused(run_spade(*_argv(stage, d, "/dev/null")), 2, "--out /dev/null exists and is not a regular file", None)
+def test_out_is_a_special_file_or_a_directory(d: Path, stage: str) -> None:
+    # a FIFO stands for /dev/null & co: a regression must not replace a real device on the machine
+    os.mkfifo(d / "fifo")
+    _refused(run_spade(*_argv(stage, d, d / "fifo")), 2, "fifo exists and is not a regular file", None)
+    assert (d / "fifo").is_fifo()
     _refused(run_spade(*_argv(stage, d, d / "model")), 2, "is a directory", None)
 
 
@@ -171,10 +174,12 @@ def _bad_rows(d: Path) -> list[tuple[str, dict, str]]:
          rf"episode '{ep['episode_id']}' is also at .*rollouts-bad.jsonl:1 with other values"),
         ("update", {"rollouts": [ep, {**ep, "episode_id": "x", "hinted": "no"}]},
          "field 'hinted' must be true or false, got 'no'"),
+        ("update", {"rollouts": [ep, {**ep, "error": "crashed", "return": -0.5}]},
+         rf"episode '{ep['episode_id']}' is also at .*rollouts-bad.jsonl:1 with other values"),
     ]
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(10))
 def test_a_bad_row_names_file_line_and_field(d: Path, case: int) -> None:
     stage, broken, message = _bad_rows(d)[case]
     (role, rows), = broken.items()
