@@ -173,7 +173,7 @@ def sampler_correction(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mas
         diff = diff.sum(-1, keepdim=True)
     raw = torch.exp(diff)
     if mode.endswith("truncate"):
-        return torch.clamp(raw, min=cap_min, max=cap), raw
+        return (raw if cap is None and cap_min is None else torch.clamp(raw, min=cap_min, max=cap)), raw
     lo = -math.inf if cap_min is None else cap_min
     hi = math.inf if cap is None else cap
     return raw.masked_fill((raw < lo) | (raw > hi), 0.0), raw

@@ -140,3 +140,47 @@ def test_plan_gives_every_process_the_same_number_of_micro_batches() -> None:
     per_epoch = [sorted(i for ranks in steps[e * 2:(e + 1) * 2] for r in ranks for mb in r for i in mb
                         if i is not None) for e in range(2)]
     assert per_epoch == [[0, 1, 2, 3, 4, 5]] * 2
+
+
+def test_sampler_correction_by_hand() -> None:
+    # old - sampler per token: row 0: 0.1, 1.5 (| masked 2.0); row 1: -0.2, 0.0, -2.0
+    old = _t([[-1.0, -0.5, -1.0], [-1.2, -1.0, -3.0]])
+    sampler = _t([[-1.1, -2.0, -3.0], [-1.0, -1.0, -1.0]])
+    w, raw = grpo.sampler_correction(old, sampler, _t(MASK), "token_truncate", cap=3.0)
+    assert raw[0].tolist() == pytest.approx([math.exp(0.1), math.exp(1.5), 1.0])  # masked token: ratio 1
+    assert w[0].tolist() == pytest.approx([math.exp(0.1), 3.0, 1.0])  # e^1.5 = 4.48 capped at 3
+    assert w[1].tolist() == pytest.approx([math.exp(-0.2), 1.0, math.exp(-2.0)])
+    w, _ = grpo.sampler_correction(old, sampler, _t(MASK), "token_truncate", cap=3.0, cap_min=0.5)
+    assert w[1, 2] == pytest.approx(0.5)
+    w, _ = grpo.sampler_correction(old, sampler, _t(MASK), "token_mask", cap=3.0)
+    assert w[0].tolist() == pytest.approx([math.exp(0.1), 0.0, 1.0])
+    # sequence modes: exp of the summed difference: row 0 e^1.6 = 4.95, row 1 e^-2.2
+    w, raw = grpo.sampler_correction(old, sampler, _t(MASK), "sequence_truncate", cap=3.0)
+    assert w.shape == (2, 1) and raw[:, 0].tolist() == pytest.approx([math.exp(1.6), math.exp(-2.2)])
+    assert w[:, 0].tolist() == pytest.approx([3.0, math.exp(-2.2)])
+    w, _ = grpo.sampler_correction(old, sampler, _t(MASK), "sequence_mask", cap=3.0)
+    assert w[:, 0].tolist() == pytest.approx([0.0, math.exp(-2.2)])
+    with pytest.raises(ValueError, match="tis_mode"):
+        grpo.sampler_correction(old, sampler, _t(MASK), "token", cap=3.0)
+
+
+def test_sampler_correction_scales_the_policy_term_only() -> None:
+    lp, old, ref, mask = _t([[-1.0]]), _t([[-1.0]]), _t([[-1.3]]), _t([[1.0]])
+    ptl, _, kl = grpo.per_token_loss(lp, old, _t([1.0]), mask, beta=0.1, ref_logps=ref, is_ratio=_t([[0.5]]))
+    assert float(ptl) == pytest.approx(-0.5 + 0.1 * float(kl))  # ratio 1, advantage 1, weight 0.5
+
+
+def test_row_scales_normalise_each_role_alone() -> None:
+    # one step: agent rows of 3 and 5 tokens in micro-batch a, a designer row of 2 tokens in a and
+    # one of 4 tokens in b
+    roles, tokens, mbs = ["agent", "agent", "designer", "designer"], [3, 5, 2, 4], ["a", "a", "a", "b"]
+    assert grpo.row_scales("dapo", roles, tokens, mbs) == pytest.approx([1 / 8, 1 / 8, 1 / 6, 1 / 6])
+    assert grpo.row_scales("grpo", roles, tokens, mbs) == pytest.approx([1 / 6, 1 / 10, 1 / 4, 1 / 8])
+    assert grpo.row_scales("bnpo", roles, tokens, mbs) == pytest.approx([1 / 8, 1 / 8, 1 / 4, 1 / 8])
+    assert grpo.row_scales("dr_grpo", roles, tokens, mbs, 10) == pytest.approx([1 / 20] * 4)
+    # the agent's factors do not depend on the designer's rows being there
+    assert grpo.row_scales("dapo", roles[:2], tokens[:2], mbs[:2]) == grpo.row_scales("dapo", roles, tokens, mbs)[:2]
+    # one role, one micro-batch: exactly TRL's dapo (token sum / tokens)
+    ptl, _, _ = grpo.per_token_loss(_t(LOGPS), _t(OLD), _t(ADV), _t(MASK))
+    c = grpo.row_scales("dapo", ["agent"] * 2, [2, 3], [0, 0])
+    assert float(((ptl * _t(MASK)).sum(-1) * _t(c)).sum()) == pytest.approx(_loss("dapo", num_items=5))
