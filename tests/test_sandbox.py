@@ -40,20 +40,48 @@ def pool():
 @pytest.mark.unit
 def test_frames_round_trip_and_caps() -> None:
     r, w = os.pipe()
-    protocol.send(w, {"op": "step", "action": "héllo", "n": [1, 2.5, None, True]})
-    assert protocol.recv_blocking(r, 1 << 10) == {"op": "step", "action": "héllo", "n": [1, 2.5, None, True]}
+    protocol.send(w, protocol.Step(action="héllo"))
+    reader = protocol.BlockingReader(r, 1 << 10)
+    assert protocol.unpack(reader.recv(), protocol.REQUESTS) == protocol.Step(action="héllo")
     os.write(w, struct.pack(">I", 1 << 30))  # a header announcing 1 GiB is refused before any body
     with pytest.raises(protocol.FrameError) as e:
-        protocol.recv_blocking(r, 1 << 20)
+        protocol.BlockingReader(r, 1 << 20).recv()
     assert e.value.kind == "too_large"
     with pytest.raises(protocol.FrameError) as e:
         protocol.unpack(msgpack.packb([1, 2]))
     assert e.value.kind == "garbled"
-    # an ext type (what a pickle-like payload could hide in) decodes to inert data, never runs
-    body = msgpack.packb({"obs": msgpack.ExtType(42, b"cos\nsystem\n")})
-    assert isinstance(protocol.unpack(body)["obs"], msgpack.ExtType)
+    # an ext type (what a pickle-like payload could hide in) is inert data on the control channel
+    # and refused outright where a typed reply is expected
+    body = msgpack.packb({"t": "step", "obs": msgpack.ExtType(42, b"cos\nsystem\n"), "reward": 0.0,
+                          "term": True, "trunc": False, "info": {}})
+    assert isinstance(protocol.unpack(body)["obs"], protocol.msgspec.msgpack.Ext)
+    with pytest.raises(protocol.FrameError):
+        protocol.unpack(body, protocol.REPLIES[protocol.Step])
     os.close(r)
     os.close(w)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("frame", [
+    {"t": "err", "reason": ["unhashable"], "detail": ""},          # a reason that is not a string
+    {"t": "step", "obs": "x", "reward": 1.0, "term": 1, "trunc": False, "info": {}},  # int flag
+    {"t": "step", "obs": "x", "reward": "1", "term": True, "trunc": False, "info": {}},
+    {"t": "step", "obs": "x", "reward": 1.0, "term": True, "trunc": False, "info": {1: 2}},  # key type
+    {"t": "step", "obs": "x", "reward": 1.0, "term": True, "trunc": False, "info": {}, "extra": 1},
+    {"t": "reset", "obs": "x", "info": {}},                          # a reply to another request
+    {"t": "setup_failed", "detail": "forged"},                       # only the launcher's first frame
+    {"ok": True, "obs": "x"},                                        # the old untagged shape
+])
+def test_forged_step_replies_are_garbled(frame) -> None:
+    with pytest.raises(protocol.FrameError) as e:
+        protocol.unpack(msgpack.packb(frame), protocol.REPLIES[protocol.Step])
+    assert e.value.kind == "garbled"
+
+
+@pytest.mark.unit
+def test_seccomp_template_equals_a_fresh_build() -> None:
+    for pid in (1, 2, 4095, 123_457, (1 << 22) - 1):
+        assert confine.filter_for(pid) == confine.build_filter(pid)
 
 
 @pytest.mark.unit
@@ -190,16 +218,24 @@ def test_readable_by_others(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens only when spade runs as root")
-def test_drop_privileges_in_a_child(tmp_path: Path) -> None:
-    """The root path env processes take when the interpreter is world-readable: uid/gid 65534."""
+@pytest.mark.parametrize("keep_read_search", [False, True])
+def test_drop_privileges_in_a_child(tmp_path: Path, keep_read_search: bool) -> None:
+    """The root path env processes take: a uid and gid of their own, no way back, and at most
+    CAP_DAC_READ_SEARCH (kept for an interpreter only root can reach, under Landlock)."""
     work = tmp_path / "w"
     work.mkdir()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            confine.drop_privileges(str(work))
-            ok = os.getresuid() == (65534,) * 3 and os.getresgid() == (65534,) * 3 and os.getgroups() == []
+            uid = confine.env_uid(os.getpid())
+            fd = os.open(work, os.O_RDONLY)  # tmp_path's parents are root's 0700: look via an fd
+            confine.drop_privileges(str(work), uid, keep_read_search=keep_read_search)
+            eff = int(next(ln for ln in Path("/proc/self/status").read_text().splitlines()
+                           if ln.startswith("CapEff:")).split()[1], 16)
+            ok = (os.getresuid() == (uid,) * 3 and os.getresgid() == (uid,) * 3 and os.getgroups() == []
+                  and os.fstat(fd).st_uid == uid and uid >= 1 << 30
+                  and eff == ((1 << confine.CAP_DAC_READ_SEARCH) if keep_read_search else 0))
             try:
                 os.setuid(0)
             except PermissionError:
@@ -208,7 +244,6 @@ def test_drop_privileges_in_a_child(tmp_path: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert work.stat().st_uid == 65534
 
 
 @pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The sandbox that runs generated environments (DESIGN §5): one confined OS process per source.
+"""The sandbox that runs generated environments (DESIGN §5): one confined OS process per episode.
 
 Public API (used by ``spade validate`` and ``spade rollout``)::
 
@@ -6,19 +6,21 @@ Public API (used by ``spade validate`` and ``spade rollout``)::
 
     with SandboxPool(SandboxConfig(tier="auto")) as pool:
         env = pool.open(code, env_id)                 # EnvError(import_error, ...) if it won't load
-        obs, info = env.reset("ep-0", seed=7)         # a fresh env instance for this episode
+        obs, info = env.reset("ep-0", seed=7)         # a fresh process for this episode
         obs, r, term, trunc, info = env.step("ep-0", "my move")
         env.close_episode("ep-0")
 
-Modules: ``supervisor`` (pool, workers, deadlines), ``worker`` (zygote and env process),
-``confine`` (rlimits, uid drop, seccomp, Landlock), ``protocol`` (msgpack frames), ``probe``
-(what works here; tier choice). See docs/sandbox.md.
+Modules: ``supervisor`` (pool, zygotes, config), ``envworker`` (one source's episode processes,
+deadlines, untrusted replies), ``worker`` (zygote and env process), ``confine`` (rlimits, uid,
+scratch tmpfs, seccomp, Landlock), ``protocol`` (typed msgpack frames), ``checks`` (every value
+check, shared by the env process, the supervisor, validate and rollout), ``probe`` (what works
+here; tier choice). See docs/sandbox.md.
 """
 
+from spade_cli.sandbox.envworker import EnvWorker
 from spade_cli.sandbox.supervisor import (
     REASONS,
     EnvError,
-    EnvWorker,
     SandboxConfig,
     SandboxPool,
     SandboxUnavailable,

@@ -1,10 +1,22 @@
-"""Frames between the supervisor and its sandboxed processes: 4-byte length + msgpack.
+"""Frames between the supervisor and its sandboxed processes: 4-byte length + msgpack, typed.
 
 Both directions carry one msgpack map per frame, prefixed by its length as a big-endian uint32.
-msgpack decodes to plain types only (dict, list, str, bytes, int, float, bool, None): nothing an
-env process sends can run code in the supervisor, which is why pickle and ``eval`` never appear
-here. The reader refuses frames larger than a cap *before* reading their body, so a flood on the
-protocol channel costs at most one cap of memory.
+Every frame an env process sends is untrusted, because the env's own code runs in that process and
+can write on the protocol socket: the supervisor decodes each reply with msgspec against the one
+schema its request allows (``expect(Step)`` accepts a ``StepDone`` or a ``Failed`` and nothing
+else: wrong types, unknown fields or another tag are a ``FrameError("garbled")``). msgspec decodes
+to plain types only, so nothing an env sends can run code in the supervisor; pickle and ``eval``
+never appear here. The reader refuses frames larger than a cap *before* reading their body, so a
+flood on the protocol channel costs at most one cap of memory.
+
+Requests are numbered per process and every reply echoes its request's number, so a frame an
+env writes on top of its real reply (or after it) is caught as out of turn at the next read
+rather than taken as the answer to a later request.
+
+The first frame of every env process is ``Ready`` or ``SetupFailed``, sent by the launcher after
+confinement and before any env code exists in the process; it is read before ``Load`` is sent.
+So a setup failure can only be reported by trusted code: a ``SetupFailed`` that arrives later is
+just a frame of the wrong type.
 
 The supervisor side (``FrameReader``) is non-blocking and deadline-driven: it waits with
 ``select.poll`` on the protocol socket and, at the same time, drains the env's stdout/stderr pipe
@@ -17,8 +29,9 @@ import os
 import select
 import struct
 import time
+from typing import Any
 
-import msgpack
+import msgspec
 
 HEADER = struct.Struct(">I")
 
@@ -31,22 +44,95 @@ class FrameError(Exception):
         self.kind, self.detail = kind, detail
 
 
-def pack(obj: dict) -> bytes:
-    body = msgpack.packb(obj, use_bin_type=True)
+# -- requests (trusted: supervisor -> env process) ------------------------------------------------
+
+class _Req(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
+    n: int = 0  # the request's number in its process; the reply echoes it
+
+
+class Load(_Req, tag="load"):
+    code: str
+
+
+class Reset(_Req, tag="reset"):
+    seed: int
+    options: dict | None = None
+
+
+class Step(_Req, tag="step"):
+    action: str
+
+
+class CheckEnv(_Req, tag="check_env"):
+    pass
+
+
+# -- replies (untrusted: env process -> supervisor) ------------------------------------------------
+
+class _Reply(msgspec.Struct, tag_field="t", forbid_unknown_fields=True, kw_only=True):
+    n: int = 0  # echoes the request's number: a reply to an earlier request is a frame out of turn
+
+
+class Ready(_Reply, tag="ready"):
+    scratch: str  # "tmpfs" (a private, size-capped mount), "budget" (checked by the supervisor), "none"
+
+
+class SetupFailed(_Reply, tag="setup_failed"):
+    detail: str
+
+
+class Loaded(_Reply, tag="loaded"):
+    cls: str
+
+
+class ResetDone(_Reply, tag="reset"):
+    obs: str
+    info: dict[str, Any]
+
+
+class StepDone(_Reply, tag="step"):
+    obs: str
+    reward: float
+    term: bool
+    trunc: bool
+    info: dict[str, Any]
+
+
+class Checked(_Reply, tag="checked"):
+    error: str | None = None
+    skipped: str | None = None
+    warnings: list[str] = []
+
+
+class Failed(_Reply, tag="err"):
+    reason: str
+    detail: str = ""
+
+
+REQUESTS = msgspec.msgpack.Decoder(Load | Reset | Step | CheckEnv)
+HELLO = msgspec.msgpack.Decoder(Ready | SetupFailed)
+REPLIES = {Load: msgspec.msgpack.Decoder(Loaded | Failed), Reset: msgspec.msgpack.Decoder(ResetDone | Failed),
+           Step: msgspec.msgpack.Decoder(StepDone | Failed), CheckEnv: msgspec.msgpack.Decoder(Checked | Failed)}
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def pack(obj: Any) -> bytes:
+    body = _encode(obj)
     return HEADER.pack(len(body)) + body
 
 
-def unpack(body: bytes) -> dict:
+def unpack(body: bytes, decoder: msgspec.msgpack.Decoder | None = None) -> Any:
+    """A typed message (``decoder``), or a plain map (the zygote's control channel)."""
     try:
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise FrameError("garbled", f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(obj, dict):
+        obj = decoder.decode(body) if decoder is not None else msgspec.msgpack.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise FrameError("garbled", str(exc)[:300]) from None
+    if decoder is None and not isinstance(obj, dict):
         raise FrameError("garbled", f"a frame must be a map, got {type(obj).__name__}")
     return obj
 
 
-def send(fd: int, obj: dict) -> None:
+def send(fd: int, obj: Any) -> None:
     """Blocking write of one whole frame (used by both sides; frames sent to envs are small)."""
     view = memoryview(pack(obj))
     while view:
@@ -54,23 +140,26 @@ def send(fd: int, obj: dict) -> None:
         view = view[n:]
 
 
-def recv_blocking(fd: int, max_bytes: int) -> dict:
-    """Blocking read of one frame; the side inside the sandbox uses this."""
-    head = _read_exact(fd, HEADER.size)
-    (size,) = HEADER.unpack(head)
-    if size > max_bytes:
-        raise FrameError("too_large", f"{size} bytes")
-    return unpack(_read_exact(fd, size))
+class BlockingReader:
+    """The env side's reader: one ``read`` call usually brings a whole request."""
 
+    def __init__(self, fd: int, max_bytes: int):
+        self.fd, self.max_bytes, self.buf = fd, max_bytes, bytearray()
 
-def _read_exact(fd: int, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise FrameError("eof")
-        buf += chunk
-    return bytes(buf)
+    def recv(self) -> bytes:
+        while True:
+            if len(self.buf) >= HEADER.size:
+                (size,) = HEADER.unpack_from(self.buf)
+                if size > self.max_bytes:
+                    raise FrameError("too_large", f"{size} bytes")
+                if len(self.buf) >= HEADER.size + size:
+                    body = bytes(self.buf[HEADER.size:HEADER.size + size])
+                    del self.buf[:HEADER.size + size]
+                    return body
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                raise FrameError("eof")
+            self.buf += chunk
 
 
 class OutputSink:
@@ -88,11 +177,15 @@ class OutputSink:
 
 
 class FrameReader:
-    """Supervisor-side reader of one non-blocking protocol fd plus an optional output pipe."""
+    """Supervisor-side reader of one non-blocking protocol fd plus an optional output pipe.
+
+    ``max_output`` caps what this one process may print; ``sink`` may be shared by several
+    readers (the processes of one env) so its tail shows the latest output of any of them.
+    """
 
     def __init__(self, fd: int, out_fd: int | None, sink: OutputSink, max_frame: int, max_output: int):
         self.fd, self.out_fd, self.sink = fd, out_fd, sink
-        self.max_frame, self.max_output = max_frame, max_output
+        self.max_frame, self.max_output, self.printed = max_frame, max_output, 0
         self.buf = bytearray()
         os.set_blocking(fd, False)
         if out_fd is not None:
@@ -114,10 +207,11 @@ class FrameReader:
                 self.out_fd = None
                 return
             self.sink.feed(data)
-            if self.sink.total > self.max_output:
+            self.printed += len(data)
+            if self.printed > self.max_output:
                 raise FrameError("output_flood", f"more than {self.max_output} bytes of stdout/stderr")
 
-    def _frame_ready(self) -> dict | None:
+    def _frame_ready(self) -> bytes | None:
         if len(self.buf) < HEADER.size:
             return None
         (size,) = HEADER.unpack_from(self.buf)
@@ -127,14 +221,26 @@ class FrameReader:
             return None
         body = bytes(self.buf[HEADER.size:HEADER.size + size])
         del self.buf[:HEADER.size + size]
-        return unpack(body)
+        return body
 
-    def read(self, deadline: float) -> dict:
-        """One frame, or FrameError when the deadline (a ``time.monotonic`` value) passes first."""
+    def unasked(self) -> bool:
+        """Whether bytes arrived that no request asked for (checked before each request)."""
+        if self.buf:
+            return True
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        if data:
+            self.buf += data
+        return bool(data)
+
+    def read(self, deadline: float) -> bytes:
+        """One frame's body, or FrameError when the deadline (``time.monotonic``) passes first."""
         while True:
-            frame = self._frame_ready()
-            if frame is not None:
-                return frame
+            body = self._frame_ready()
+            if body is not None:
+                return body
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FrameError("timeout")

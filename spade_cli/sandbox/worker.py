@@ -20,9 +20,8 @@ supervisor checks the decoded values again, because code in this process could f
 
 from __future__ import annotations
 
+import errno
 import gc
-import math
-import numbers
 import os
 import shutil
 import signal
@@ -32,97 +31,32 @@ import tempfile
 import types
 
 from spade_cli.sandbox import confine, protocol
+from spade_cli.sandbox.checks import Rejected, check_flag, check_info, check_obs, check_reward, describe
 
 CTRL_MAX = 1 << 16
 ENV_MODULE = "spade_env"
 
 
-# -- value checks (run inside the env process) --------------------------------------------------
-
-class Rejected(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        text = f"{type(exc).__name__}: {exc}"
-    except BaseException:  # an exception whose __str__ raises
-        text = type(exc).__name__
-    return text[:500]
-
-
-def json_safe(value: object, depth: int = 0) -> object:
-    """A plain-JSON copy of ``value`` (exact builtin types only) or Rejected(info_not_json)."""
-    if depth > 32:
-        raise Rejected("info_not_json", "info nests deeper than 32 levels")
-    t = type(value)
-    if value is None or t is bool or t is int or t is str:
-        return value
-    if t is float:
-        if not math.isfinite(value):
-            raise Rejected("info_not_json", f"info holds a non-finite float {value!r}")
-        return value
-    if t is list or t is tuple:
-        return [json_safe(v, depth + 1) for v in value]
-    if t is dict:
-        out = {}
-        for k, v in value.items():
-            if type(k) is not str:
-                raise Rejected("info_not_json", f"info has a non-string key of type {type(k).__name__}")
-            out[k] = json_safe(v, depth + 1)
-        return out
-    raise Rejected("info_not_json", f"info holds a {t.__name__}, which is not JSON")
-
-
-def check_obs(obs: object, max_chars: int) -> str:
-    if not isinstance(obs, str):
-        raise Rejected("obs_not_str", f"observation is a {type(obs).__name__}, not str")
-    obs = str.__str__(obs)  # an exact str, whatever subclass it was
-    if len(obs) > max_chars:
-        raise Rejected("obs_too_large", f"observation has {len(obs)} characters (cap {max_chars})")
-    try:
-        obs.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise Rejected("obs_not_str", f"observation is not encodable text: {exc.reason}") from None
-    return obs
-
-
-def check_reward(reward: object) -> float:
-    if isinstance(reward, bool) or type(reward).__name__ == "bool_" or not isinstance(reward, numbers.Real):
-        raise Rejected("reward_not_real", f"reward is a {type(reward).__name__}, not a real number")
-    value = float(reward)  # a plain float: defeats subclasses with odd __eq__ or __repr__
-    if not math.isfinite(value):
-        raise Rejected("reward_not_finite", f"reward is {value}")
-    return value
-
-
-def check_flag(flag: object, name: str) -> bool:
-    if type(flag) is bool:
-        return flag
-    if type(flag).__name__ == "bool_":  # numpy's bool, which gymnasium's own checker accepts
-        return bool(flag)
-    raise Rejected("flags_not_bool", f"{name} is a {type(flag).__name__}, not bool")
-
-
-def check_info(info: object) -> dict:
-    if type(info) is not dict:
-        raise Rejected("info_not_json", f"info is a {type(info).__name__}, not dict")
-    return json_safe(info)  # type: ignore[return-value]
-
-
 # -- the env process ------------------------------------------------------------------------------
 
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the scratch quota, the inode cap, FSIZE
+
+
 class EnvServer:
-    """Serves one generated source: one fresh env instance per episode id."""
+    """Serves one generated source for exactly one episode: one process, one env instance.
+
+    Nothing about the episode reaches this process except the seed and the actions: no episode
+    id, no hinted flag, no stage name. So an env cannot tell validation from rollout, or the
+    hinted episode of a pair from the unhinted one, and no state outlives its episode.
+    """
 
     def __init__(self, fd: int, max_obs_chars: int, max_frame: int):
-        self.fd, self.max_obs, self.max_frame = fd, max_obs_chars, max_frame
+        self.fd, self.max_obs = fd, max_obs_chars
+        self.reader = protocol.BlockingReader(fd, max_frame)
         self.cls: type | None = None
-        self.envs: dict[str, object] = {}
+        self.env: object | None = None
 
-    def load(self, code: str) -> dict:
+    def load(self, code: str) -> protocol.Loaded:
         import gymnasium
 
         module = types.ModuleType(ENV_MODULE)
@@ -131,11 +65,13 @@ class EnvServer:
         try:
             exec(compile(code, "env.py", "exec"), module.__dict__)
         except SyntaxError as exc:
-            raise Rejected("syntax_error", _describe(exc)) from None
+            raise Rejected("syntax_error", describe(exc)) from None
         except MemoryError:
             raise Rejected("memory_limit", "MemoryError while importing") from None
+        except OSError as exc:
+            raise Rejected("disk_limit" if exc.errno in DISK_ERRNOS else "import_error", describe(exc)) from None
         except BaseException as exc:
-            raise Rejected("import_error", _describe(exc)) from None
+            raise Rejected("import_error", describe(exc)) from None
         found = [v for v in vars(module).values() if isinstance(v, type)
                  and issubclass(v, gymnasium.Env) and v.__module__ == ENV_MODULE]
         leaves = [c for c in found if not any(o is not c and issubclass(o, c) for o in found)]
@@ -143,49 +79,42 @@ class EnvServer:
             raise Rejected("no_env_class", f"expected one gymnasium.Env subclass, found {len(leaves)}"
                            + (f": {', '.join(c.__name__ for c in leaves)}" if leaves else ""))
         self.cls = leaves[0]
-        return {"ok": True, "cls": self.cls.__name__}
+        return protocol.Loaded(cls=self.cls.__name__)
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except MemoryError:
             raise Rejected("memory_limit", f"MemoryError in {what}") from None
+        except OSError as exc:
+            if exc.errno in DISK_ERRNOS:
+                raise Rejected("disk_limit", f"{what}: {describe(exc)}") from None
+            raise Rejected(f"{what}_exception", describe(exc)) from None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the env may not exit
-            raise Rejected(f"{what}_exception", _describe(exc)) from None
+            raise Rejected(f"{what}_exception", describe(exc)) from None
 
-    def reset(self, episode: str, seed: int, options: dict | None) -> dict:
-        self.close(episode)
-        env = self._call("reset", self.cls)  # a fresh instance per episode
-        self.envs[episode] = env
+    def reset(self, seed: int, options: dict | None) -> protocol.ResetDone:
+        if self.env is not None:  # the supervisor never asks twice; one process is one episode
+            raise Rejected("sandbox_violation", "a second reset in one env process")
+        self.env = env = self._call("reset", self.cls)
         out = self._call("reset", env.reset, seed=seed, options=options)
         if not isinstance(out, tuple) or len(out) != 2:
             raise Rejected("reset_bad_return", f"reset returned {_shape(out)}, not (obs, info)")
         obs = check_obs(out[0], self.max_obs)
-        return {"ok": True, "obs": obs, "info": check_info(out[1])}
+        return protocol.ResetDone(obs=obs, info=check_info(out[1]))
 
-    def step(self, episode: str, action: str) -> dict:
-        env = self.envs.get(episode)
-        if env is None:
-            raise Rejected("step_exception", f"no open episode {episode!r} (reset it first)")
-        out = self._call("step", env.step, action)
+    def step(self, action: str) -> protocol.StepDone:
+        if self.env is None:
+            raise Rejected("step_exception", "step before reset")
+        out = self._call("step", self.env.step, action)
         if not isinstance(out, tuple) or len(out) != 5:
             raise Rejected("step_bad_return", f"step returned {_shape(out)}, not a 5-tuple")
         obs = check_obs(out[0], self.max_obs)
         reward = check_reward(out[1])
         term, trunc = check_flag(out[2], "terminated"), check_flag(out[3], "truncated")
-        return {"ok": True, "obs": obs, "reward": reward, "term": term, "trunc": trunc,
-                "info": check_info(out[4])}
+        return protocol.StepDone(obs=obs, reward=reward, term=term, trunc=trunc, info=check_info(out[4]))
 
-    def close(self, episode: str) -> dict:
-        env = self.envs.pop(episode, None)
-        if env is not None:
-            try:
-                env.close()
-            except BaseException:
-                pass  # closing is best effort; the instance is dropped either way
-        return {"ok": True}
-
-    def check_env(self) -> dict:
+    def check_env(self) -> protocol.Checked:
         """gymnasium's own checker, when the env declares its spaces; its warnings are advisory."""
         import warnings
 
@@ -193,46 +122,40 @@ class EnvServer:
 
         env = self._call("reset", self.cls)
         if getattr(env, "observation_space", None) is None or getattr(env, "action_space", None) is None:
-            return {"ok": True, "skipped": "the env declares no observation/action space", "warnings": []}
+            return protocol.Checked(skipped="the env declares no observation/action space")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 check_env(env, skip_render_check=True)
                 error = None
             except BaseException as exc:
-                error = _describe(exc)
-        return {"ok": True, "error": error, "warnings": [str(w.message)[:300] for w in caught][:10]}
+                error = describe(exc)
+        return protocol.Checked(error=error, warnings=[str(w.message)[:300] for w in caught][:10])
 
     def serve(self) -> None:
         while True:
             try:
-                req = protocol.recv_blocking(self.fd, self.max_frame)
+                req = protocol.unpack(self.reader.recv(), protocol.REQUESTS)
             except protocol.FrameError:
-                os._exit(0)  # the supervisor went away
-            op = req.get("op")
+                os._exit(0)  # the supervisor went away (or broke the protocol itself)
             try:
-                if op == "load":
-                    reply = self.load(req["code"])
-                elif op == "reset":
-                    reply = self.reset(req["episode"], req["seed"], req.get("options"))
-                elif op == "step":
-                    reply = self.step(req["episode"], req["action"])
-                elif op == "close":
-                    reply = self.close(req["episode"])
-                elif op == "check_env":
-                    reply = self.check_env()
+                if type(req) is protocol.Step:
+                    reply = self.step(req.action)
+                elif type(req) is protocol.Reset:
+                    reply = self.reset(req.seed, req.options)
+                elif type(req) is protocol.Load:
+                    reply = self.load(req.code)
                 else:
-                    reply = {"ok": False, "reason": "sandbox_violation", "detail": f"unknown op {op!r}"}
+                    reply = self.check_env()
             except Rejected as rej:
-                if op in ("reset", "step"):
-                    self.envs.pop(req.get("episode"), None)  # a broken episode is never continued
-                reply = {"ok": False, "reason": rej.reason, "detail": rej.detail}
+                reply = protocol.Failed(reason=rej.reason, detail=rej.detail)
+            reply.n = req.n
             try:
                 protocol.send(self.fd, reply)
             except (OSError, ValueError, TypeError, OverflowError) as exc:
-                protocol.send(self.fd, {"ok": False, "reason": "sandbox_violation",
-                                        "detail": f"reply not encodable: {_describe(exc)}"})
-            if reply.get("reason") == "memory_limit":
+                protocol.send(self.fd, protocol.Failed(reason="sandbox_violation", n=req.n,
+                                                       detail=f"reply not encodable: {describe(exc)}"))
+            if type(reply) is protocol.Failed and reply.reason == "memory_limit":
                 os._exit(0)  # after a MemoryError the interpreter's state is not trustworthy
 
 
@@ -242,41 +165,62 @@ def _shape(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
+def _confine(spec: dict, workdir: str) -> str:
+    """Every layer, in order; returns how the scratch space is capped (see protocol.Ready)."""
+    os.setsid()
+    uid = confine.env_uid(os.getpid()) if spec["drop_uid"] else os.geteuid()
+    scratch = "none"
+    if spec["private_scratch"] and confine.private_scratch(workdir, spec["scratch_mb"], uid):
+        scratch = "tmpfs"
+    elif spec["scratch_budget"]:
+        scratch = "budget"
+    os.chdir(workdir)
+    nonroot = os.geteuid() != 0
+    fsize = min(spec["fsize_mb"], spec["scratch_mb"])
+    confine.apply_rlimits(spec["cpu_s"], spec["memory_mb"], fsize, spec["nofile"],
+                          spec["nproc"] if nonroot or spec["drop_uid"] else None)
+    if spec["drop_uid"]:  # setuid away from root clears every capability
+        confine.drop_privileges(workdir, uid, keep_read_search=spec["read_search"])
+    elif os.geteuid() == 0:
+        confine.drop_capabilities()  # root that cannot change uid
+    else:
+        try:  # the capabilities the zygote holds inside bubblewrap's user namespace, if any
+            confine.drop_capabilities()
+        except confine.ConfineError:
+            pass  # an unprivileged process without them: nothing to drop
+    confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
+    if os.getppid() != spec["zygote_pid"]:
+        os._exit(1)  # the zygote died between fork and prctl
+    if spec["landlock"]:
+        confine.apply_landlock(spec["read_paths"], [workdir, os.devnull])
+    if spec["seccomp"]:
+        confine.apply_seccomp(os.getpid())
+    os.environ.clear()
+    os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+    tempfile.tempdir = workdir
+    return scratch
+
+
 def env_main(proto_fd: int, out_fd: int, spec: dict, workdir: str) -> None:
-    """Child side of ``spawn``: confine, then serve. Never returns."""
+    """Child side of ``spawn``: confine, say so, then serve. Never returns."""
     try:
-        os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         for fd in (devnull, out_fd):
             os.close(fd)
-        os.chdir(workdir)
-        nonroot = os.geteuid() != 0
-        confine.apply_rlimits(spec["cpu_s"], spec["memory_mb"], spec["fsize_mb"], spec["nofile"],
-                              spec["nproc"] if nonroot or spec["drop_uid"] else None)
-        if spec["drop_uid"]:
-            confine.drop_privileges(workdir)
-        elif spec["drop_caps"]:
-            confine.drop_capabilities()
-        confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
-        if os.getppid() != spec["zygote_pid"]:
-            os._exit(1)  # the zygote died between fork and prctl
-        if spec["landlock"]:
-            confine.apply_landlock(spec["read_paths"], [workdir, os.devnull])
-        if spec["seccomp"]:
-            confine.apply_seccomp(os.getpid())
-        os.environ.clear()
-        os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
-        tempfile.tempdir = workdir
-    except BaseException as exc:  # report a setup failure as such: an infrastructure error
+        hello = protocol.Ready(scratch=_confine(spec, workdir))
+    except BaseException as exc:  # a setup failure, reported before any env code exists here
         try:
-            protocol.send(proto_fd, {"ok": False, "reason": "sandbox_setup", "detail": _describe(exc)})
+            protocol.send(proto_fd, protocol.SetupFailed(detail=describe(exc)))
         finally:
             os._exit(3)
+    max_obs, max_frame = spec["max_obs_chars"], spec["max_frame"]
+    spec.clear()  # the limits are the kernel's now; the env finds no copy of its config on the stack
     try:
-        EnvServer(proto_fd, spec["max_obs_chars"], spec["max_frame"]).serve()
+        protocol.send(proto_fd, hello)
+        EnvServer(proto_fd, max_obs, max_frame).serve()
     finally:
         os._exit(0)
 
@@ -284,10 +228,21 @@ def env_main(proto_fd: int, out_fd: int, spec: dict, workdir: str) -> None:
 # -- the zygote -----------------------------------------------------------------------------------
 
 def _runtime_paths() -> list[str]:
-    """Read-only paths an env process needs: the interpreter, its libraries, spade's own package."""
+    """Read-only paths an env process needs: system libraries, the stdlib and site-packages.
+
+    Only those: not every ``sys.path`` entry, which would add the checkout of an editable install
+    (and with it a run directory inside it, ``.git/config``, ...) or the current directory. spade's
+    own modules are imported by the zygote before it forks, so the env process never reads them.
+    """
+    import site
+    import sysconfig
+
     paths = {"/usr", "/lib", "/lib64", "/bin", "/etc/localtime", "/etc/ld.so.cache", "/dev/urandom"}
-    for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
-              *[p for p in sys.path if p]]:
+    schemes = [sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix,
+                                                                 "platbase": sys.base_exec_prefix})]
+    roots = [d[k] for d in schemes for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots += site.getsitepackages()
+    for p in roots:
         paths.add(p)
         paths.add(os.path.realpath(p))
     return sorted(p for p in paths if os.path.exists(p))
@@ -325,15 +280,106 @@ def _prewarm() -> None:
             return str(self.np_random.integers(0, 10)), {}
 
     Warm().reset(seed=0)
-    protocol.unpack(protocol.pack({"warm": [1, 2.0, "x", None, True]})[4:])
-    check_info({"a": [1, 2.0]})
+    protocol.unpack(protocol.pack(protocol.Step(action="x"))[4:], protocol.REQUESTS)
+    protocol.pack(protocol.StepDone(obs="x", reward=0.0, term=False, trunc=False, info=check_info({"a": [1, 2.0]})))
 
 
-def zygote_main(ctrl_fd: int) -> None:
-    import gymnasium  # noqa: F401  pre-imported once so every env process starts warm
-    import numpy  # noqa: F401
-    from gymnasium.utils import env_checker  # noqa: F401
+# What generated envs import most (the bundled pool, the tests' benign set): imported once here,
+# an env process finds them in sys.modules instead of spending milliseconds per episode on them.
+PREIMPORT = ("gymnasium", "gymnasium.spaces", "gymnasium.utils.env_checker", "numpy", "json", "re", "string",
+             "math", "random", "itertools", "collections", "dataclasses", "typing", "functools", "heapq",
+             "textwrap", "copy", "enum", "bisect", "statistics", "fractions", "warnings")
 
+
+class Zygote:
+    """The fork server's state. Requests are handled in methods, so that an env process, which
+    inherits the zygote's stack, finds on it nothing that differs from one episode to the next:
+    ``children`` is emptied in the child before the env's code is loaded."""
+
+    def __init__(self, ctrl: socket.socket):
+        self.ctrl, self.read_paths, self.base = ctrl, _runtime_paths(), os.getcwd()
+        self.children: dict[int, str] = {}  # env pid -> its private dir
+
+    def serve_one(self) -> bool:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.ctrl, CTRL_MAX, 2)
+        except OSError:
+            return False
+        if not data:
+            return False
+        req = protocol.unpack(data)
+        del data  # nothing of the request may stay on the stack that a forked env process inherits
+        op = req.get("op")
+        if op == "spawn":
+            reply = self.spawn(req, fds)
+        elif op == "kill":
+            reply = self.kill(req["pid"])
+        elif op == "shutdown":
+            return False
+        else:
+            reply = {"error": f"unknown op {op!r}"}
+        self.ctrl.send(protocol.pack(reply)[4:])
+        return True
+
+    def spawn(self, req: dict, fds: list[int]) -> dict:
+        proto_fd, out_fd = fds
+        workdir = tempfile.mkdtemp(prefix="env-", dir=self.base)
+        spec = {**req["spec"], "read_paths": self.read_paths, "zygote_pid": os.getpid()}
+        pid = os.fork()
+        if pid == 0:
+            self.ctrl.close()
+            for state in (self.children, req, fds):  # the child's copies; env_main clears spec
+                state.clear()
+            env_main(proto_fd, out_fd, spec, workdir)
+        os.close(proto_fd)
+        os.close(out_fd)
+        self.children[pid] = workdir
+        return {"pid": pid, "dir": workdir}
+
+    def kill(self, pid: int) -> dict:
+        reply = {"gone": True}
+        if pid in self.children:
+            for target in (-pid, pid):
+                try:
+                    os.kill(target, signal.SIGKILL)
+                except OSError:
+                    pass
+            _, st = os.waitpid(pid, 0)
+            reply = _status(st)
+            shutil.rmtree(self.children.pop(pid), ignore_errors=True)
+        _reap_strays(self.children)
+        return reply
+
+    def shutdown(self) -> None:
+        for pid, workdir in self.children.items():
+            try:
+                os.kill(-pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            shutil.rmtree(workdir, ignore_errors=True)
+        if os.path.basename(self.base).startswith("zyg-"):  # the process tier's own dir, also when spade died
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+# Libraries too slow to import in every episode (seconds) yet trusted: imported by the zygote only
+# when the supervisor names them because the sources it will run import them (reasoning-gym pools).
+HEAVY_OK = ("reasoning_gym",)
+
+
+def zygote_main(ctrl_fd: int, heavy: list[str] | tuple[str, ...] = ()) -> None:
+    import importlib
+
+    for name in PREIMPORT:
+        importlib.import_module(name)
+    for name in heavy:
+        if name in HEAVY_OK:  # only the allowlist: the names come from env sources
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # the env's own import fails with import_error, as without the zygote
+    confine.filter_for(os.getpid())  # builds the seccomp template once, for every child
     _prewarm()
     # Objects that exist now are shared copy-on-write with every env process; keeping them out of
     # the collector means a child's first garbage collection does not touch (and copy) them all.
@@ -343,61 +389,16 @@ def zygote_main(ctrl_fd: int) -> None:
         confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
     except confine.ConfineError:
         pass
-    read_paths = _runtime_paths()
-    base = os.getcwd()
-    children: dict[int, str] = {}  # env pid -> its private dir
-    nobody_ok = confine.readable_by_others([sys.base_prefix, sys.prefix, os.path.dirname(confine.__file__)])
+    zygote = Zygote(ctrl)
+    # spade's own modules are imported here, before the fork: env processes read only the runtime
+    nobody_ok = confine.readable_by_others([sys.base_prefix, sys.prefix])
     ctrl.send(protocol.pack({"op": "ready", "pid": os.getpid(), "uid": os.geteuid(),
                              "nobody_can_read_runtime": nobody_ok})[4:])
-    while True:
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(ctrl, CTRL_MAX, 2)
-        except OSError:
-            data, fds = b"", []
-        if not data:
-            break
-        req = protocol.unpack(data)
-        op = req.get("op")
-        if op == "spawn":
-            proto_fd, out_fd = fds
-            workdir = tempfile.mkdtemp(prefix="env-", dir=base)
-            spec = {**req["spec"], "read_paths": read_paths, "zygote_pid": os.getpid()}
-            pid = os.fork()
-            if pid == 0:
-                ctrl.close()
-                env_main(proto_fd, out_fd, spec, workdir)
-            os.close(proto_fd)
-            os.close(out_fd)
-            children[pid] = workdir
-            reply = {"pid": pid}
-        elif op == "kill":
-            pid = req["pid"]
-            reply = {"gone": True}
-            if pid in children:
-                for target in (-pid, pid):
-                    try:
-                        os.kill(target, signal.SIGKILL)
-                    except OSError:
-                        pass
-                _, st = os.waitpid(pid, 0)
-                reply = _status(st)
-                shutil.rmtree(children.pop(pid), ignore_errors=True)
-            _reap_strays(children)
-        elif op == "shutdown":
-            break
-        else:
-            reply = {"error": f"unknown op {op!r}"}
-        ctrl.send(protocol.pack(reply)[4:])
-    for pid, workdir in children.items():
-        try:
-            os.kill(-pid, signal.SIGKILL)
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
-        shutil.rmtree(workdir, ignore_errors=True)
+    while zygote.serve_one():
+        pass
+    zygote.shutdown()
     os._exit(0)
 
 
 if __name__ == "__main__":
-    zygote_main(int(sys.argv[1]))
+    zygote_main(int(sys.argv[1]), sys.argv[2:])

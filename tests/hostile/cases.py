@@ -153,7 +153,7 @@ CASES = [
                                      "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
                                      "            os.write(fd, struct.pack('>I', len(body)) + body)\n"
                                      "    except OSError:\n        pass",
-                                     top="import os, stat, struct"), "obs_not_str"),  # and the worker ends
+                                     top="import os, stat, struct"), "sandbox_violation"),  # an untyped frame; the worker ends
     # -- contract violations ---------------------------------------------------------------------
     C("reward_nan", env(ret="return 'o', float('nan'), False, False, {}"), "reward_not_finite"),
     C("reward_inf", env(ret="return 'o', float('inf'), False, False, {}"), "reward_not_finite"),

@@ -1,0 +1,295 @@
+"""One generated source and its episodes: every episode in a fresh confined process.
+
+``EnvWorker`` is what ``SandboxPool.open(code)`` returns. Opening it forks one process that loads
+the source (so a source that does not import fails at once) and keeps it for the first episode;
+every later episode gets a process of its own, forked from the zygote and loaded again. So no
+state, module-level or otherwise, crosses episodes, and the env process learns nothing but the
+seed and the actions: the episode id stays here.
+
+Every reply is decoded against the schema of its request (``protocol.REPLIES``), must echo the
+request's number, and is checked again with the env process's own value checks (``checks.py``).
+Anything else is that env's ``sandbox_violation``. A reply that is late, too large, garbled or
+drowned in stdout ends the worker: every process of it is SIGKILLed by the zygote, which reaps it,
+and every later call raises the same ``EnvError``. An error inside one episode (``step_exception``,
+``obs_not_str``...) ends that episode's process only.
+
+In the process tier, where an env process could not mount its own scratch tmpfs (no
+CAP_SYS_ADMIN), the supervisor sums the env's working dir after every reply: ``disk_limit``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from spade_cli.sandbox import protocol
+from spade_cli.sandbox.checks import Rejected, check_info, check_obs, check_reward
+from spade_cli.sandbox.supervisor import EnvError, SandboxConfig, SandboxUnavailable, Zygote
+
+ENV_REASONS = frozenset(
+    "syntax_error import_error no_env_class memory_limit disk_limit reset_exception reset_bad_return "
+    "step_exception step_bad_return obs_not_str obs_too_large reward_not_finite reward_not_real "
+    "flags_not_bool info_not_json sandbox_violation".split()
+)  # what an env process may say about its own env; any other reason in a reply is a forgery
+
+
+@dataclass(eq=False)
+class _Proc:
+    """One confined env process, forked by the zygote: it loads the source and plays one episode."""
+
+    pid: int
+    sock: socket.socket
+    reader: protocol.FrameReader
+    dir: str | None
+    scratch: str = "none"
+    sent: int = 0  # requests sent so far: the number the next reply must echo
+
+
+class EnvWorker:
+    """One generated source; every episode in a fresh confined process. See the module docstring."""
+
+    def __init__(self, zygote: Zygote, cfg: SandboxConfig, code: str, env_id: str):
+        self.zygote, self.cfg, self.code, self.env_id = zygote, cfg, code, env_id
+        self.lock = threading.Lock()
+        self.alive = True
+        self.death: EnvError | None = None
+        self.exit: dict | None = None
+        self.sink = protocol.OutputSink()
+        self.episode_time: dict[str, float] = {}
+        self.procs: dict[str, _Proc] = {}
+        self.class_name: str | None = None
+        self.spec = {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "fsize_mb": cfg.fsize_mb,
+                     "nofile": cfg.nofile, "nproc": cfg.nproc, "max_obs_chars": cfg.max_obs_chars,
+                     "max_frame": cfg.max_frame, "seccomp": cfg.seccomp, "landlock": cfg.landlock,
+                     "scratch_mb": cfg.scratch_mb, "private_scratch": True,
+                     "scratch_budget": zygote.tier == "process", "drop_uid": zygote.drop_uid,
+                     "read_search": zygote.read_search}
+        self.spare: _Proc | None = None
+        with self.lock:
+            self.spare = self._spawn()  # the import check: a source that does not load fails here
+
+    # -- processes -------------------------------------------------------------------------------
+    def _spawn(self) -> _Proc:
+        """A fresh process with the source loaded, ready for its one episode."""
+        if not self.alive:
+            raise self.death or EnvError("crashed", "the env process is gone")
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        try:
+            reply = self.zygote.request({"op": "spawn", "spec": self.spec}, (theirs.fileno(), out_w))
+        except BaseException:
+            mine.close()
+            os.close(out_r)
+            raise
+        finally:
+            theirs.close()
+            os.close(out_w)
+        proc = _Proc(reply["pid"], mine, protocol.FrameReader(mine.fileno(), out_r, self.sink, self.cfg.max_frame,
+                                                             self.cfg.max_output_bytes), reply.get("dir"))
+        deadline = time.monotonic() + self.cfg.import_timeout_s
+        try:  # the launcher's word, sent before any env code exists in the process
+            hello = protocol.unpack(proc.reader.read(deadline), protocol.HELLO)
+        except protocol.FrameError as err:
+            raise self._broken(err, proc, "load", self.cfg.import_timeout_s) from None
+        if type(hello) is protocol.SetupFailed:
+            self._end(proc)
+            raise SandboxUnavailable(f"an env process could not confine itself: {hello.detail[:500]}")
+        proc.scratch = hello.scratch
+        loaded = self._call(proc, protocol.Load(code=self.code), max(0.0, deadline - time.monotonic()), "load")
+        self.class_name = loaded.cls
+        return proc
+
+    def _end(self, proc: _Proc) -> dict:
+        """SIGKILL the process group and reap it (the zygote does both); how it ended."""
+        try:
+            status = self.zygote.request({"op": "kill", "pid": proc.pid})
+        except SandboxUnavailable:
+            status = {"gone": True}
+        proc.sock.close()
+        if proc.reader.out_fd is not None:
+            os.close(proc.reader.out_fd)
+            proc.reader.out_fd = None
+        return status
+
+    def _die(self, reason: str, detail: str, proc: _Proc | None = None, status: dict | None = None) -> EnvError:
+        """End every process of this env; the worker stays dead with this error."""
+        self.alive = False
+        if proc is not None:
+            self.exit = status if status is not None else self._end(proc)
+        for p in [*self.procs.values(), *([self.spare] if self.spare else [])]:
+            if p is not proc:
+                self._end(p)
+        self.procs.clear()
+        self.spare = None
+        self.death = EnvError(reason, detail)
+        return self.death
+
+    # -- transport -----------------------------------------------------------------------------
+    def _send(self, proc: _Proc, msg: protocol.msgspec.Struct, deadline: float) -> None:
+        view = memoryview(protocol.pack(msg))
+        while view:
+            try:
+                n = os.write(proc.sock.fileno(), view)
+                view = view[n:]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise protocol.FrameError("timeout") from None
+                time.sleep(0.0005)
+            except OSError:
+                raise protocol.FrameError("eof") from None
+
+    def _call(self, proc: _Proc, msg: protocol.msgspec.Struct, timeout: float, phase: str):
+        """Send one request and decode its reply against the only schema that request allows."""
+        if not self.alive:
+            raise self.death or EnvError("crashed", "the env process is gone")
+        deadline = time.monotonic() + timeout
+        proc.sent += 1
+        msg.n = proc.sent
+        try:
+            if proc.reader.unasked():
+                raise self._die("sandbox_violation", "the env process sent a frame nobody asked for", proc)
+            self._send(proc, msg, deadline)
+            reply = protocol.unpack(proc.reader.read(deadline), protocol.REPLIES[type(msg)])
+        except protocol.FrameError as err:
+            raise self._broken(err, proc, phase, timeout) from None
+        if reply.n != proc.sent:
+            raise self._die("sandbox_violation", f"a reply numbered {reply.n} to request {proc.sent}", proc)
+        if proc.scratch == "budget" and proc.dir and _tree_bytes(proc.dir) > self.cfg.scratch_mb << 20:
+            raise self._die("disk_limit", f"the working dir holds more than {self.cfg.scratch_mb} MiB", proc)
+        if type(reply) is not protocol.Failed:
+            return reply
+        reason, detail = reply.reason, reply.detail[:1000]
+        if reason not in ENV_REASONS:
+            raise self._die("sandbox_violation", f"a reply claims reason {reason[:60]!r}", proc)
+        if reason in ("memory_limit", "disk_limit") or phase == "load":
+            raise self._die(reason, detail, proc)
+        raise EnvError(reason, detail)
+
+    def _broken(self, err: protocol.FrameError, proc: _Proc, phase: str, timeout: float) -> EnvError:
+        if err.kind == "timeout":
+            reason = "import_timeout" if phase == "load" else "step_timeout"
+            return self._die(reason, f"{phase} took longer than {timeout:.3g} s; killed", proc)
+        if err.kind == "output_flood":
+            return self._die("output_flood", err.detail, proc)
+        if err.kind == "too_large":
+            return self._die("obs_too_large", err.detail, proc)
+        if err.kind == "garbled":
+            return self._die("sandbox_violation", f"a frame that is not a valid {phase} reply: {err.detail}", proc)
+        status = self._end(proc)  # eof: the process ended on its own; ask how
+        tail = self.sink.text()[-300:]
+        if "signal" in status:
+            sig = status["signal"]
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            reason = "step_timeout" if sig == signal.SIGXCPU else "crashed"
+            err2 = EnvError(reason if phase != "load" or reason == "crashed" else "import_timeout",
+                            f"killed by {name} during {phase}")
+        else:
+            err2 = EnvError("import_error" if phase == "load" else "exited_early",
+                            f"exited with status {status.get('exit')} during {phase}"
+                            + (f"; output: {tail}" if tail else ""))
+        return self._die(err2.reason, err2.detail, proc, status)
+
+    # -- the public surface --------------------------------------------------------------------
+    def _timed(self, episode: str, proc: _Proc, msg: protocol.msgspec.Struct, timeout: float, phase: str):
+        spent = self.episode_time.get(episode, 0.0)
+        left = self.cfg.episode_timeout_s - spent
+        if left <= 0:
+            self.procs.pop(episode, None)
+            self._end(proc)
+            raise EnvError("step_timeout", f"episode {episode!r} used its {self.cfg.episode_timeout_s} s")
+        t0 = time.monotonic()
+        try:
+            return self._call(proc, msg, min(timeout, left), phase)
+        except EnvError:
+            if self.procs.pop(episode, None) is proc and self.alive:
+                self._end(proc)  # a broken episode is never continued
+            raise
+        finally:
+            self.episode_time[episode] = spent + time.monotonic() - t0
+
+    def _checked(self, proc: _Proc, check, *args):
+        """A value check of the shared implementation. The env process made it already, so a
+        value that fails it here arrived in a frame the env's code wrote itself."""
+        try:
+            return check(*args)
+        except Rejected as rej:
+            raise self._die("sandbox_violation", f"a reply fails the {rej.reason} check: {rej.detail}", proc) from None
+
+    def reset(self, episode: str, seed: int, options: dict | None = None) -> tuple[str, dict]:
+        """Start ``episode`` in a fresh process (a reset of a running episode starts it over)."""
+        with self.lock:
+            old = self.procs.pop(episode, None)
+            if old is not None:
+                self._end(old)
+            proc, self.spare = self.spare or self._spawn(), None
+            self.procs[episode] = proc
+            self.episode_time[episode] = 0.0
+            r = self._timed(episode, proc, protocol.Reset(seed=int(seed), options=options),
+                            self.cfg.reset_timeout_s, "reset")
+            obs = self._checked(proc, check_obs, r.obs, self.cfg.max_obs_chars)
+            return obs, self._checked(proc, check_info, r.info)
+
+    def step(self, episode: str, action: str) -> tuple[str, float, bool, bool, dict]:
+        action = str(action)[: self.cfg.max_action_chars]
+        action = action.encode("utf-8", "replace").decode("utf-8")  # no lone surrogates over the wire
+        with self.lock:
+            if not self.alive:
+                raise self.death or EnvError("crashed", "the env process is gone")
+            proc = self.procs.get(episode)
+            if proc is None:
+                raise EnvError("step_exception", f"no open episode {episode!r} (reset it first)")
+            r = self._timed(episode, proc, protocol.Step(action=action), self.cfg.step_timeout_s, "step")
+            obs = self._checked(proc, check_obs, r.obs, self.cfg.max_obs_chars)
+            return obs, self._checked(proc, check_reward, r.reward), r.term, r.trunc, \
+                self._checked(proc, check_info, r.info)
+
+    def check_env(self) -> dict:
+        """gymnasium's checker, in a process of its own (it builds and resets an instance)."""
+        with self.lock:
+            proc, self.spare = self.spare or self._spawn(), None
+            try:
+                r = self._call(proc, protocol.CheckEnv(), self.cfg.reset_timeout_s * 5, "check_env")
+            finally:
+                if self.alive:
+                    self._end(proc)
+            return {"error": r.error, "skipped": r.skipped, "warnings": list(r.warnings)}
+
+    def close_episode(self, episode: str) -> None:
+        with self.lock:
+            self.episode_time.pop(episode, None)
+            proc = self.procs.pop(episode, None)
+            if proc is not None and self.alive:
+                self._end(proc)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.alive:
+                self._die("crashed", "the worker was closed")
+            self.death = self.death or EnvError("crashed", "the worker was closed")
+
+    @property
+    def output(self) -> str:
+        """The last few KB its processes printed (never part of the protocol)."""
+        return self.sink.text()
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes and inodes under ``path`` (an inode counted as 4 KiB): the process tier's scratch budget."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    total += 4096
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    else:
+                        total += e.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
