@@ -50,18 +50,43 @@ def _ro_paths(pkg_parent: str) -> list[str]:
     return [p for p in out if not any(p != o and p.startswith(o.rstrip("/") + "/") for o in out)]
 
 
+# What the zygote keeps inside bubblewrap so that each env process it forks can take its own
+# mount and IPC namespaces with a size-capped scratch tmpfs, and (as root) a uid of its own.
+# The env process drops all of them before any env code runs.
+ZYGOTE_CAPS_ROOT = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL",
+                    "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_SETPCAP")
+
+
 def bwrap_argv(bwrap: str | None, env: dict[str, str], pkg_parent: str) -> list[str]:
-    """bubblewrap around the zygote: every namespace, nobody inside, a read-only minimal view."""
+    """bubblewrap around the zygote: every namespace, a read-only minimal view.
+
+    As root, no user namespace: the zygote stays root (holding only ``ZYGOTE_CAPS_ROOT``) so each
+    env process can become a uid of its own that owns nothing on the host. Otherwise a user
+    namespace with nobody inside, where only one uid exists, and CAP_SYS_ADMIN inside it.
+    """
     if not bwrap:
         raise RuntimeError("bubblewrap is not available")
-    argv = [bwrap, "--unshare-all", "--new-session", "--uid", str(confine.NOBODY),
-            "--gid", str(confine.NOBODY), "--clearenv"]
+    if os.geteuid() == 0:
+        argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                "--unshare-cgroup-try", "--new-session", "--clearenv"]
+        for cap in ZYGOTE_CAPS_ROOT:
+            argv += ["--cap-add", cap]
+    else:
+        argv = [bwrap, "--unshare-all", "--new-session", "--uid", str(confine.NOBODY),
+                "--gid", str(confine.NOBODY), "--clearenv", "--cap-add", "CAP_SYS_ADMIN"]
     for k, v in env.items():
         argv += ["--setenv", k, v]
     # The tmpfs goes first: binds made after it may live under /tmp (a venv or checkout there),
     # where a later tmpfs would hide them.
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for p in _ro_paths(pkg_parent):
+    ro = _ro_paths(pkg_parent)
+    # bubblewrap makes the parents of a bind 0700, which would keep an env's own uid out of an
+    # interpreter under /root (pyenv); they hold nothing but the binds, so let everyone through.
+    parents = sorted({str(a) for p in ro for a in Path(p).parents if str(a) not in ("/", "/tmp")},
+                     key=lambda a: a.count("/"))
+    for a in parents:
+        argv += ["--perms", "0755", "--dir", a]
+    for p in ro:
         argv += ["--ro-bind", p, p]
     argv += ["--chdir", "/tmp", "--"]
     return argv
