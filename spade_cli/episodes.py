@@ -47,6 +47,7 @@ from typing import Any
 from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, render_chat
 from spade_cli.records import Rollout
+from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 
 SYSTEM_PROMPT = (
     "You are an agent playing a text environment, one turn at a time. Each user message is the "
@@ -107,10 +108,17 @@ def episode_id(run_seed: int, iteration: int, env_id: str, pair: int, hinted: bo
 
 
 def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int) -> list[EpisodeSpec]:
-    """k unhinted and k hinted episodes per env, on the same k seeds, grouped by env."""
-    return [EpisodeSpec(episode_id(run_seed, iteration, e, p, h), e, iteration, h,
-                        episode_seed(run_seed, iteration, e, p), p)
-            for e in env_ids for p in range(k) for h in (False, True)]
+    """k unhinted and k hinted episodes per env, on the same k seeds, grouped by env. Which
+    episode of a pair starts first is drawn per pair (from the seeds, so reruns agree): an env
+    that could count its starts would learn nothing from the order."""
+    out = []
+    for e in env_ids:
+        for p in range(k):
+            first = int(_digest("order", run_seed, iteration, e, p)[:2], 16) & 1
+            for h in ((False, True) if first == 0 else (True, False)):
+                out.append(EpisodeSpec(episode_id(run_seed, iteration, e, p, h), e, iteration, h,
+                                       episode_seed(run_seed, iteration, e, p), p))
+    return out
 
 
 def turn_seed(episode_id: str, turn: int) -> int:
@@ -220,6 +228,7 @@ class Engine:
         self.eos = self.tok.eos_token_id
         self.emit, self.progress = emit, progress or (lambda s: None)
         self.workers: dict[str, Any] = {}
+        self._norm_hints: dict[str, str] = {}
         self.errors: dict[str, list[str]] = defaultdict(list)
         self.bad: dict[str, str] = {}  # quarantined env -> reason
         self.stats = Stats()
@@ -345,8 +354,11 @@ class Engine:
         return ep
 
     def _leaks(self, env_id: str, obs: str) -> bool:
-        hint = (self.envs[env_id].hint or "").strip()
-        return len(hint) >= 8 and hint in obs
+        """validate's own hint-leak check (case and spacing ignored), enforced again here."""
+        hint = self._norm_hints.get(env_id)
+        if hint is None:
+            hint = self._norm_hints[env_id] = normalize(self.envs[env_id].hint or "")
+        return hint_leaks(None, obs, normalized_hint=hint)
 
     def _reset_all(self, specs: list[EpisodeSpec]) -> list[Episode]:
         jobs: dict[str, list[Episode]] = defaultdict(list)
@@ -430,7 +442,7 @@ class Engine:
     def _end(self, ep: Episode, stop: str) -> None:
         """A regular end; the return is checked against the contract's [0, 1] only here, since
         rewards of either sign may be summed along the way."""
-        if not -1e-6 <= ep.ret <= 1 + 1e-6:
+        if not return_in_range(ep.ret):
             self._fail(ep, "return_out_of_range")
         else:
             self._finish(ep, stop)

@@ -155,10 +155,12 @@ def run(
         from spade_cli.backends import load_backend
         from spade_cli.records import to_row
         from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
+        from spade_cli.sandbox.supervisor import heavy_imports
 
         try:  # the sandbox first: a machine that cannot confine envs fails before loading a model
             pool = SandboxPool(SandboxConfig(tier=tier, min_tier=min_tier,
-                                             max_action_chars=max(play.max_action_chars, 1)))
+                                             max_action_chars=max(play.max_action_chars, 1),
+                                             preimport=heavy_imports(e.code for e in env_map.values())))
         except SandboxUnavailable as exc:
             raise SpadeError(f"sandbox unavailable: {exc}") from None
         tier_used = pool.tier

@@ -17,8 +17,9 @@ The checks, in order:
    string) and random text; every reset/step result is checked (types, arity, finite real reward,
    bool flags, JSON-safe info, bounded observation, deadlines).
 5. ``return_range`` — every episode's return lies in [0, 1].
-6. ``determinism`` — the scripted episode again in the same process, and once more in a process
-   started with another ``PYTHONHASHSEED``; any difference is ``nondeterministic``.
+6. ``determinism`` — the scripted episode again in a second process, and once more in a process
+   started with another ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe
+   episode runs in a fresh process forked from the zygote, with a seed drawn as rollout draws it.
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
    ``trivial_return``), ``duplicate`` (env_id already in ``--memory``, or the same normalized code
    as an earlier row of this input; the first one wins).
@@ -44,8 +45,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
+from spade_cli.episodes import episode_seed
 from spade_cli.records import Design, env_id_for, to_row, validation_from
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
+from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
+from spade_cli.sandbox.supervisor import heavy_imports
 
 # CPython 3.11 keeps the AST builder's recursion counter per interpreter, not per thread: parses
 # from concurrent validation threads corrupt it and raise a spurious SystemError (gh-106905).
@@ -54,10 +58,7 @@ _PARSE_LOCK = threading.Lock()
 SCRIPTED = ["", "1", "yes", "look", "0", "a", "hello world", "2", "no",
             '{"tool": "search", "arguments": {"query": "x"}}', "north", "42", "help", "b", "3", "quit"]
 FIXED = "1"
-
-
-def _normalize(text: str) -> str:
-    return " ".join(text.split()).casefold()
+VALIDATION_ITERATION = -1  # validation's seeds come from episode_seed like rollout's, in an iteration of their own
 
 
 class Checks:
@@ -167,11 +168,15 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         t0 = time.perf_counter()
         policies = {"scripted": lambda t: SCRIPTED[t % len(SCRIPTED)], "empty": lambda t: "",
                     "fixed": lambda t: FIXED, "random": _random_policy(seed + 3)}
+        # Env seeds drawn as rollout draws them (a hash, not 0, 1, 2...), so that no seed tells the
+        # env it is being validated; every episode runs in a fresh process, as in rollout.
+        seeds = {name: episode_seed(seed, VALIDATION_ITERATION, design.env_id, i) for i, name in enumerate(policies)}
         episodes: dict[str, dict] = {}
         try:
-            for i, (name, policy) in enumerate(policies.items()):
-                episodes[name] = play(worker, name, seed + i, policy, max_steps)
-            episodes["scripted_again"] = play(worker, "scripted_again", seed, policies["scripted"], max_steps)
+            for name, policy in policies.items():
+                episodes[name] = play(worker, name, seeds[name], policy, max_steps)
+            episodes["scripted_again"] = play(worker, "scripted_again", seeds["scripted"], policies["scripted"],
+                                              max_steps)
         except EnvError as err:
             ch.add("contract", False, err.detail, t0, err.reason)
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
@@ -184,20 +189,20 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         ch.add("contract", True, f"{len(episodes)} episodes, {steps} steps", t0)
 
         t0 = time.perf_counter()
-        bad = {k: e["return"] for k, e in episodes.items() if not -1e-6 <= e["return"] <= 1 + 1e-6}
+        bad = {k: e["return"] for k, e in episodes.items() if not return_in_range(e["return"])}
         if not ch.add("return_range", not bad, f"returns outside [0, 1]: {bad}" if bad else "all in [0, 1]",
                       t0, "return_out_of_range"):
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
 
         t0 = time.perf_counter()
         if episodes["scripted"]["digest"] != episodes["scripted_again"]["digest"]:
-            ch.add("determinism", False, "same seed and actions gave different results in one process", t0,
+            ch.add("determinism", False, "same seed and actions gave different results in two processes", t0,
                    "nondeterministic")
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
         try:
             other = pool.open(design.code, design.env_id, hash_seed=1)
             workers.append(other)
-            again = play(other, "scripted", seed, policies["scripted"], max_steps)
+            again = play(other, "scripted", seeds["scripted"], policies["scripted"], max_steps)
         except EnvError as err:
             ch.add("determinism", False, f"in a second process: {err.reason}: {err.detail}", t0,
                    "nondeterministic")
@@ -206,14 +211,14 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
             ch.add("determinism", False, "a process with another PYTHONHASHSEED gave different results", t0,
                    "nondeterministic")
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
-        ch.add("determinism", True, "same process and another PYTHONHASHSEED agree", t0)
+        ch.add("determinism", True, "a second process and another PYTHONHASHSEED agree", t0)
     finally:
         for w in workers:
             w.close()
 
     t0 = time.perf_counter()
-    hint = _normalize(design.hint or "")
-    leaked = [k for k, e in episodes.items() if len(hint) >= 4 and any(hint in _normalize(o) for o in e["obs"])]
+    hint = normalize(design.hint or "")
+    leaked = [k for k, e in episodes.items() if any(hint_leaks(None, o, normalized_hint=hint) for o in e["obs"])]
     ch.add("hint_leak", not leaked, f"hint text appears in observations of: {', '.join(leaked)}" if leaked
            else "hint never observed", t0, "hint_leak")
     t0 = time.perf_counter()
@@ -272,6 +277,7 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
         raise SpadeError(f"{stage.partial} has more rows than the input; pass --force")
     sb = sandbox or SandboxConfig()
     sb.tier, sb.min_tier = tier, min_tier
+    sb.preimport = tuple(sorted({*sb.preimport, *heavy_imports(r.code for r in rows[len(done):])}))
     t_start = time.perf_counter()
     try:
         pool = SandboxPool(sb)
