@@ -6,8 +6,11 @@ rewards 0/1, an environment segment masked in the middle of each completion) wit
 samples through a replay ``rollout_func`` (no generation), the route in TRL's docs for
 externally generated completions. Timed: the optimizer pass only (model loading and trainer
 construction excluded on both sides; one untimed warm-up each, then the median of ``--repeats``
-alternating runs). Printed: tokens/s (prompt + completion tokens per second)
-of each and their ratio, measured in the same process so machine load affects both alike.
+alternating runs). spade's time includes recomputing the old log-probs (one no-grad forward,
+which TRL's replay route skips); each spade run loads the trainer state the previous one wrote
+and writes its own, timed separately. Printed: tokens/s (prompt + completion tokens per second)
+of each, their ratio, and the ratio with the state I/O added, measured in the same process so
+machine load affects both alike.
 
     .venv/bin/python recipes/bench_update.py                      # tiny model, built offline
     .venv/bin/python recipes/bench_update.py --model ckpt/small --samples 128 --completion 256
@@ -57,23 +60,30 @@ def make_samples(model_dir: Path, n: int, group: int, prompt_len: int, completio
     return samples
 
 
-def bench_spade(model_dir: Path, samples: list, batch: int) -> float:
+def bench_spade(model_dir: Path, samples: list, batch: int, state_dir: Path) -> tuple[float, float]:
+    """(seconds of the update's work: old log-probs + optimizer pass, seconds of state I/O: loading
+    the previous run's trainer state and writing this one's), as every chained `spade update` does."""
     import copy
 
     import torch
 
     from spade_cli import grpo
-    from stages import update
+    from stages import update, update_train
 
     samples = copy.deepcopy(samples)
     adv, _ = grpo.group_advantages(torch.tensor([s.reward for s in samples]), [s.group for s in samples])
     for s, a in zip(samples, adv.tolist(), strict=True):
         s.advantage = a
     cfg = update.UpdateConfig(model=str(model_dir), loss_type="dapo", learning_rate=1e-6,
-                              per_device_train_batch_size=batch, max_grad_norm=1.0)
-    out = update.train(cfg, samples, lambda _m: None)
+                              per_device_train_batch_size=batch, max_grad_norm=1.0, audit=False)
+    state = {"path": str(state_dir)} if (state_dir / "model.safetensors").exists() else None
+    tr = update_train.prepare(cfg, {1.0}, state, str(model_dir))
+    out = update_train.train_pass(tr, cfg, samples, lambda _m: None)
     assert out["metrics"]["optimizer_steps"] == len(samples) // batch, out["metrics"]
-    return out["metrics"]["train_seconds"]
+    t0 = time.perf_counter()
+    tr.accelerator.save_state(str(state_dir))
+    io = time.perf_counter() - t0 + tr.timings.get("state_load_s", 0.0)
+    return out["metrics"]["old_logps_seconds"] + out["metrics"]["train_seconds"], io
 
 
 def bench_trl(model_dir: Path, samples: list, batch: int, group: int) -> float:
@@ -94,7 +104,7 @@ def bench_trl(model_dir: Path, samples: list, batch: int, group: int) -> float:
             cursor[p] += 1
             out["prompt_ids"].append(s.prompt_ids)
             out["completion_ids"].append(s.completion_ids)
-            out["logprobs"].append(s.old_logps)
+            out["logprobs"].append(s.sampler_logps)
             out["env_mask"].append(s.mask)
             out["stored_reward"].append(s.reward)
         return out
@@ -142,18 +152,24 @@ def main() -> None:
             tinymodel.build(model_dir, size="tiny")
         samples = make_samples(model_dir, a.samples, a.group, a.prompt, a.completion, a.seed)
         tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-        bench_spade(model_dir, samples[:a.batch], a.batch)  # warm-up: first-call costs hit neither side
+        state_dir = Path(tmp) / "trainer_state"  # each spade run resumes the previous one's state
+        bench_spade(model_dir, samples[:a.batch], a.batch, state_dir)  # warm-up: first-call costs hit neither side
         bench_trl(model_dir, samples[:a.batch], a.batch, a.group)
-        times: dict[str, list[float]] = {"spade": [], "trl": []}
+        times: dict[str, list[float]] = {"spade": [], "trl": [], "state_io": []}
         for _ in range(a.repeats):  # alternating, so a burst of machine load hits both sides
-            times["spade"].append(bench_spade(model_dir, samples, a.batch))
+            spade_s, io_s = bench_spade(model_dir, samples, a.batch, state_dir)
+            times["spade"].append(spade_s)
+            times["state_io"].append(io_s)
             times["trl"].append(bench_trl(model_dir, samples, a.batch, a.group))
-        spade_s, trl_s = (statistics.median(times[k]) for k in ("spade", "trl"))
+        spade_s, trl_s, io_s = (statistics.median(times[k]) for k in ("spade", "trl", "state_io"))
     result = {"samples": a.samples, "tokens": tokens, "seconds": times, "spade_tokens_per_s": round(tokens / spade_s, 1),
-              "trl_tokens_per_s": round(tokens / trl_s, 1), "spade_over_trl": round(trl_s / spade_s, 3)}
-    print(f"spade update: {result['spade_tokens_per_s']:>10} tokens/s", file=sys.stderr)
+              "trl_tokens_per_s": round(tokens / trl_s, 1), "spade_over_trl": round(trl_s / spade_s, 3),
+              "state_io_s": round(io_s, 3), "spade_with_state_io_over_trl": round(trl_s / (spade_s + io_s), 3)}
+    print(f"spade update: {result['spade_tokens_per_s']:>10} tokens/s (old log-probs + optimizer pass)",
+          file=sys.stderr)
     print(f"TRL GRPOTrainer (replay): {result['trl_tokens_per_s']:>10} tokens/s", file=sys.stderr)
-    print(f"ratio spade / TRL: {result['spade_over_trl']}x (target: >= 1)", file=sys.stderr)
+    print(f"ratio spade / TRL: {result['spade_over_trl']}x (target: >= 1); with the trainer state loaded and "
+          f"written ({result['state_io_s']} s): {result['spade_with_state_io_over_trl']}x", file=sys.stderr)
     print(json.dumps(result))
 
 
