@@ -127,7 +127,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
     # from a run without it (the fixed-pool baselines rely on that identity).
     use_rollouts = bool(cfg.rollouts) and cfg.agent_weight != 0.0
-    use_designs = bool(cfg.designs)
+    use_designs = bool(cfg.designs) and cfg.designer_weight != 0.0
     seen: dict[str, tuple] = {}  # episode_id -> where and what: a repeat trains once, as regret counts it
     for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if use_rollouts else []:
         assert isinstance(rec, Rollout)
