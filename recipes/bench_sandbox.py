@@ -1,15 +1,16 @@
-"""Sandbox benchmark: per-step round trip, confined env start, and `spade validate` throughput.
+"""Sandbox benchmark: step round trip, confined episode start, and `spade validate` throughput.
 
 Each figure is printed next to a baseline measured in the same run, since timings on shared
 machines drift by tens of percent between runs and only the ratios travel:
 
-* per-step round trip (p50) of ``EnvWorker.step`` with a ~4 KB observation vs calling
-  ``env.step`` in-process (target <= 50 us, goal 25 us);
-* confined env-process start (p50) of ``SandboxPool.open`` (zygote fork + rlimits + uid/caps
-  + Landlock + seccomp + loading the source) vs a naive fresh ``python -c`` subprocess that
-  imports gymnasium and loads the same source (target <= 10 ms);
-* ``spade validate`` throughput on small envs (default workers: 2 per core) vs a naive subprocess per env
-  running the same episodes (target >= 50 envs/s on 2 cores, goal >= 100).
+* step round trip (p50) of ``EnvWorker.step`` with a ~4 KB observation vs a raw socketpair round
+  trip between two processes moving the same bytes (target <= 1.5x), and vs an in-process call;
+* confined episode start (p50): ``reset`` of a new episode, i.e. fork from the zygote, every
+  confinement layer, loading the source and the env's own reset (target <= 5 ms), vs a bare
+  ``os.fork`` + exit + wait of this process, and vs a naive fresh ``python -c`` subprocess;
+* ``spade validate`` throughput on small envs with one process per probe episode (default
+  workers: 2 per core) vs a naive subprocess per env running the same episodes (target >= 50
+  envs/s on 2 cores, goal >= 100).
 
 Example::
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +54,31 @@ def p50_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
+def raw_socketpair_us(n: int, reply_bytes: int = 4000) -> float:
+    """p50 of a round trip between two processes over a socketpair: a short request, a 4 KB reply."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        payload = b"y" * reply_bytes
+        while b.recv(1 << 16):
+            b.sendall(payload)
+        os._exit(0)
+    b.close()
+    samples = []
+    for i in range(n + 200):
+        t0 = time.perf_counter()
+        a.sendall(b"step a")
+        got = 0
+        while got < reply_bytes:
+            got += len(a.recv(1 << 16))
+        if i >= 200:
+            samples.append(time.perf_counter() - t0)
+    a.close()
+    os.waitpid(pid, 0)
+    return p50_us(samples)
+
+
 def bench_step(pool: SandboxPool, n: int) -> dict:
     code = ENV.format(k=10)
     w = pool.open(code)
@@ -72,25 +100,38 @@ def bench_step(pool: SandboxPool, n: int) -> dict:
         t0 = time.perf_counter()
         env.step("a")
         base.append(time.perf_counter() - t0)
-    return {"sandbox_us": round(p50_us(samples), 2), "in_process_us": round(p50_us(base), 3)}
+    return {"sandbox_us": round(p50_us(samples), 2), "raw_socketpair_us": round(raw_socketpair_us(n), 2),
+            "in_process_us": round(p50_us(base), 3)}
 
 
 def bench_start(pool: SandboxPool, n: int) -> dict:
     code = ENV.format(k=10)
-    pool.open(code).close()  # start the zygote outside the timing
-    samples = []
+    w = pool.open(code)  # the zygote starts outside the timing
+    starts, ends = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        w.reset(f"e{i}", i)  # a new episode: a fresh process, confined, loaded, reset
+        t1 = time.perf_counter()
+        w.close_episode(f"e{i}")
+        starts.append(t1 - t0)
+        ends.append(time.perf_counter() - t1)
+    w.close()
+    forks = []
     for _ in range(n):
         t0 = time.perf_counter()
-        w = pool.open(code)
-        samples.append(time.perf_counter() - t0)
-        w.close()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        forks.append(time.perf_counter() - t0)
     naive = []
     script = "import gymnasium, sys\nexec(sys.stdin.read())\nprint('ok')"
     for _ in range(max(5, n // 10)):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-I", "-c", script], input=code, capture_output=True, text=True, check=True)
         naive.append(time.perf_counter() - t0)
-    return {"confined_open_ms": round(p50_us(samples) / 1000, 2), "naive_subprocess_ms": round(p50_us(naive) / 1000, 2)}
+    return {"episode_start_ms": round(p50_us(starts) / 1000, 2), "episode_end_ms": round(p50_us(ends) / 1000, 2),
+            "bare_fork_ms": round(p50_us(forks) / 1000, 2), "naive_subprocess_ms": round(p50_us(naive) / 1000, 2)}
 
 
 NAIVE_EPISODES = """
@@ -148,13 +189,14 @@ def main() -> None:
         start = bench_start(pool, args.starts)
     val = bench_validate(args.envs, args.tier, args.workers)
     print(f"tier: {tier}", file=sys.stderr)
-    print(f"step round trip p50, 4 KB obs: {step['sandbox_us']} us (in-process {step['in_process_us']} us; "
-          f"target <= 50, goal 25)", file=sys.stderr)
-    print(f"confined env start p50: {start['confined_open_ms']} ms (naive subprocess "
-          f"{start['naive_subprocess_ms']} ms, {start['naive_subprocess_ms'] / start['confined_open_ms']:.1f}x; "
-          "target <= 10)", file=sys.stderr)
-    print(f"validate throughput: {val['validate_envs_per_s']} envs/s with {args.workers or 'default'} workers "
-          f"(naive subprocess {val['naive_subprocess_envs_per_s']} envs/s, "
+    print(f"step round trip p50, 4 KB obs: {step['sandbox_us']} us (raw socketpair {step['raw_socketpair_us']} us, "
+          f"{step['sandbox_us'] / step['raw_socketpair_us']:.2f}x, target <= 1.5x; in-process "
+          f"{step['in_process_us']} us)", file=sys.stderr)
+    print(f"confined episode start p50: {start['episode_start_ms']} ms (bare fork+wait {start['bare_fork_ms']} ms; "
+          f"naive subprocess {start['naive_subprocess_ms']} ms; target <= 5); episode end "
+          f"{start['episode_end_ms']} ms", file=sys.stderr)
+    print(f"validate throughput: {val['validate_envs_per_s']} envs/s with {args.workers or 'default'} workers, "
+          f"one process per probe episode (naive subprocess {val['naive_subprocess_envs_per_s']} envs/s, "
           f"{val['validate_envs_per_s'] / val['naive_subprocess_envs_per_s']:.1f}x; target >= 50, goal 100)",
           file=sys.stderr)
     print(json.dumps({"tier": tier, **step, **start, **val}))

@@ -111,6 +111,7 @@ def run(
     play: PlayConfig | None = None,
     tier: str = "auto",
     min_tier: str = "process",
+    scratch_mb: int = 64,
     force: bool = False,
     batching: str = "auto",
     progress: Callable[[Stats], None] | None = None,
@@ -135,6 +136,7 @@ def run(
     paths = expand_inputs(envs)
     config = {"model": str(model), "k": k, "iteration": iteration, "seed": seed, "backend": backend,
               "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier, "batching": batching,
+              "scratch_mb": scratch_mb,
               **{f: v for f, v in play.__dict__.items() if f not in ("seed", "max_concurrent", "env_threads")}}
     inputs: dict[str, list] = {"envs": paths}
     if Path(model).is_dir():
@@ -159,7 +161,7 @@ def run(
 
         try:  # the sandbox first: a machine that cannot confine envs fails before loading a model
             pool = SandboxPool(SandboxConfig(tier=tier, min_tier=min_tier,
-                                             max_action_chars=max(play.max_action_chars, 1),
+                                             max_action_chars=max(play.max_action_chars, 1), scratch_mb=scratch_mb,
                                              preimport=heavy_imports(e.code for e in env_map.values())))
         except SandboxUnavailable as exc:
             raise SpadeError(f"sandbox unavailable: {exc}") from None

@@ -17,9 +17,9 @@ The checks, in order:
    string) and random text; every reset/step result is checked (types, arity, finite real reward,
    bool flags, JSON-safe info, bounded observation, deadlines).
 5. ``return_range`` — every episode's return lies in [0, 1].
-6. ``determinism`` — the scripted episode again in a second process, and once more in a process
-   started with another ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe
-   episode runs in a fresh process forked from the zygote, with a seed drawn as rollout draws it.
+6. ``determinism`` — the scripted episode again, in a process started with another
+   ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe episode runs in a fresh
+   process forked from the zygote, with a seed drawn as rollout draws it.
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
    ``trivial_return``), ``duplicate`` (env_id already in ``--memory``, or the same normalized code
    as an earlier row of this input; the first one wins).
@@ -175,8 +175,6 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         try:
             for name, policy in policies.items():
                 episodes[name] = play(worker, name, seeds[name], policy, max_steps)
-            episodes["scripted_again"] = play(worker, "scripted_again", seeds["scripted"], policies["scripted"],
-                                              max_steps)
         except EnvError as err:
             ch.add("contract", False, err.detail, t0, err.reason)
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
@@ -194,11 +192,11 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
                       t0, "return_out_of_range"):
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
 
+        # Determinism: the scripted episode again, in a process of the other zygote (another
+        # PYTHONHASHSEED, its own import-time random state): clocks, urandom, unseeded random and
+        # hash order all show up as a difference. (A second run in a process of the same zygote
+        # would add nothing: no state crosses episodes, and that zygote's random state is shared.)
         t0 = time.perf_counter()
-        if episodes["scripted"]["digest"] != episodes["scripted_again"]["digest"]:
-            ch.add("determinism", False, "same seed and actions gave different results in two processes", t0,
-                   "nondeterministic")
-            return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
         try:
             other = pool.open(design.code, design.env_id, hash_seed=1)
             workers.append(other)
@@ -211,7 +209,7 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
             ch.add("determinism", False, "a process with another PYTHONHASHSEED gave different results", t0,
                    "nondeterministic")
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
-        ch.add("determinism", True, "a second process and another PYTHONHASHSEED agree", t0)
+        ch.add("determinism", True, "a second process with another PYTHONHASHSEED agrees", t0)
     finally:
         for w in workers:
             w.close()
@@ -258,11 +256,13 @@ def default_workers() -> int:
 def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | None = None,
         workers: int | None = None,
         tier: str = "auto", min_tier: str = "process", max_steps: int = 16, seed: int = 0,
-        trivial_return: float = 0.8, sandbox: SandboxConfig | None = None, force: bool = False,
+        trivial_return: float = 0.8, scratch_mb: int = 64, sandbox: SandboxConfig | None = None,
+        force: bool = False,
         config: dict | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
     """Validate every design in ``designs`` into ``out``; returns the summary dict."""
     cfg = dict(config or {"memory": str(memory) if memory else None, "tier": tier, "min_tier": min_tier,
-                          "max_steps": max_steps, "seed": seed, "trivial_return": trivial_return})
+                          "max_steps": max_steps, "seed": seed, "trivial_return": trivial_return,
+                          "scratch_mb": scratch_mb})
     inputs = {"designs": expand_inputs(designs)}
     if memory:
         inputs["memory"] = expand_inputs(memory)
@@ -275,7 +275,7 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
     done = stage.resume()
     if len(done) > len(rows):
         raise SpadeError(f"{stage.partial} has more rows than the input; pass --force")
-    sb = sandbox or SandboxConfig()
+    sb = sandbox or SandboxConfig(scratch_mb=scratch_mb)
     sb.tier, sb.min_tier = tier, min_tier
     sb.preimport = tuple(sorted({*sb.preimport, *heavy_imports(r.code for r in rows[len(done):])}))
     t_start = time.perf_counter()

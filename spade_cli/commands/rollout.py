@@ -22,6 +22,7 @@ from spade_cli.cli import (
     console,
     finish,
 )
+from spade_cli.commands.validate import ScratchOpt
 
 GEN = "Generation"
 PLAY = "Episodes"
@@ -102,6 +103,7 @@ def rollout(
     = "process",
     env_threads: Annotated[int, typer.Option("--env-threads", min=1, help="Threads stepping sandbox workers.")]
     = 8,
+    scratch_mb: ScratchOpt = 64,
     iteration: IterationOpt = 0,
     seed: SeedOpt = 0,
     log_every: Annotated[int, typer.Option("--log-every", min=1, help="Log line every N episodes (no TTY).")]
@@ -136,7 +138,7 @@ def rollout(
     try:
         summary = stage.run(model, envs, Path(out), k, iteration=iteration, seed=seed, backend=backend,
                             base_url=base_url, shard=shard, play=play, tier=tier,
-                            min_tier=min_tier, force=force, batching=batching,
+                            min_tier=min_tier, scratch_mb=scratch_mb, force=force, batching=batching,
                             progress=progress, backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
                                             if backend == "hf" else None))
     finally:

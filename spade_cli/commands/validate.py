@@ -13,6 +13,8 @@ from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, OutFileOpt, SeedOpt, 
 TierOpt = Annotated[str, typer.Option("--tier", help="Sandbox tier: auto (strong when bubblewrap works), "
                                       "process or strong.")]
 MinTierOpt = Annotated[str, typer.Option("--min-tier", help="Refuse to run below this tier (fail closed).")]
+ScratchOpt = Annotated[int, typer.Option("--scratch-mb", min=1, help="Total size of each env's working "
+                                         "dir (MiB); past it: disk_limit. Keep validate's and rollout's equal.")]
 
 
 def validate(
@@ -29,6 +31,7 @@ def validate(
     max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Steps per validation episode.")] = 16,
     trivial_return: Annotated[float, typer.Option("--trivial-return", help="A degenerate or random policy "
                                                   "reaching this return makes the env `trivial`.")] = 0.8,
+    scratch_mb: ScratchOpt = 64,
     seed: SeedOpt = 0,
     force: ForceOpt = False,
     config: ConfigOpt = None,
@@ -55,7 +58,8 @@ def validate(
             console.print(f"validated {done}/{total}")
 
     summary = stage.run(designs, out, memory=memory, workers=workers, tier=tier, min_tier=min_tier,
-                        max_steps=max_steps, seed=seed, trivial_return=trivial_return, force=force,
+                        max_steps=max_steps, seed=seed, trivial_return=trivial_return, scratch_mb=scratch_mb,
+                        force=force,
                         config=resolved_config(ctx), progress=progress)
     for w in summary.get("warnings", []):
         console.print(f"[yellow]warning:[/] {w}")

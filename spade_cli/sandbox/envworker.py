@@ -91,7 +91,11 @@ class EnvWorker:
         proc = _Proc(reply["pid"], mine, protocol.FrameReader(mine.fileno(), out_r, self.sink, self.cfg.max_frame,
                                                              self.cfg.max_output_bytes), reply.get("dir"))
         deadline = time.monotonic() + self.cfg.import_timeout_s
-        try:  # the launcher's word, sent before any env code exists in the process
+        load = protocol.Load(code=self.code, n=1)
+        try:
+            # The source goes out now and waits in the socket: the launcher reads it only after
+            # sending its own word, so the first frame is still the launcher's.
+            self._send(proc, load, deadline)
             hello = protocol.unpack(proc.reader.read(deadline), protocol.HELLO)
         except protocol.FrameError as err:
             raise self._broken(err, proc, "load", self.cfg.import_timeout_s) from None
@@ -99,14 +103,15 @@ class EnvWorker:
             self._end(proc)
             raise SandboxUnavailable(f"an env process could not confine itself: {hello.detail[:500]}")
         proc.scratch = hello.scratch
-        loaded = self._call(proc, protocol.Load(code=self.code), max(0.0, deadline - time.monotonic()), "load")
+        loaded = self._call(proc, load, max(0.0, deadline - time.monotonic()), "load", sent=True)
         self.class_name = loaded.cls
         return proc
 
-    def _end(self, proc: _Proc) -> dict:
-        """SIGKILL the process group and reap it (the zygote does both); how it ended."""
+    def _end(self, proc: _Proc, wait: bool = False) -> dict:
+        """SIGKILL the process group; with ``wait``, reap it and say how it ended (the zygote
+        does both). Without, the zygote reaps it while serving later requests."""
         try:
-            status = self.zygote.request({"op": "kill", "pid": proc.pid})
+            status = self.zygote.request({"op": "kill" if wait else "drop", "pid": proc.pid})
         except SandboxUnavailable:
             status = {"gone": True}
         proc.sock.close()
@@ -119,7 +124,7 @@ class EnvWorker:
         """End every process of this env; the worker stays dead with this error."""
         self.alive = False
         if proc is not None:
-            self.exit = status if status is not None else self._end(proc)
+            self.exit = status if status is not None else self._end(proc, wait=True)
         for p in [*self.procs.values(), *([self.spare] if self.spare else [])]:
             if p is not proc:
                 self._end(p)
@@ -142,17 +147,19 @@ class EnvWorker:
             except OSError:
                 raise protocol.FrameError("eof") from None
 
-    def _call(self, proc: _Proc, msg: protocol.msgspec.Struct, timeout: float, phase: str):
-        """Send one request and decode its reply against the only schema that request allows."""
+    def _call(self, proc: _Proc, msg: protocol.msgspec.Struct, timeout: float, phase: str, sent: bool = False):
+        """Send one request (unless ``sent`` already) and decode its reply against the only
+        schema that request allows."""
         if not self.alive:
             raise self.death or EnvError("crashed", "the env process is gone")
         deadline = time.monotonic() + timeout
         proc.sent += 1
         msg.n = proc.sent
         try:
-            if proc.reader.unasked():
-                raise self._die("sandbox_violation", "the env process sent a frame nobody asked for", proc)
-            self._send(proc, msg, deadline)
+            if not sent:  # (a request sent ahead may have its reply waiting already)
+                if proc.reader.unasked():
+                    raise self._die("sandbox_violation", "the env process sent a frame nobody asked for", proc)
+                self._send(proc, msg, deadline)
             reply = protocol.unpack(proc.reader.read(deadline), protocol.REPLIES[type(msg)])
         except protocol.FrameError as err:
             raise self._broken(err, proc, phase, timeout) from None
@@ -179,7 +186,7 @@ class EnvWorker:
             return self._die("obs_too_large", err.detail, proc)
         if err.kind == "garbled":
             return self._die("sandbox_violation", f"a frame that is not a valid {phase} reply: {err.detail}", proc)
-        status = self._end(proc)  # eof: the process ended on its own; ask how
+        status = self._end(proc, wait=True)  # eof: the process ended on its own; ask how
         tail = self.sink.text()[-300:]
         if "signal" in status:
             sig = status["signal"]

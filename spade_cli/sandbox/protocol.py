@@ -250,7 +250,7 @@ class FrameReader:
                     self._drain_output()
                     continue
                 try:
-                    data = os.read(self.fd, 1 << 20)
+                    data = os.read(self.fd, 1 << 16)  # not 1 MiB: a buffer that size is an mmap per call
                 except BlockingIOError:
                     continue
                 if not data:

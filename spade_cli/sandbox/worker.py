@@ -299,6 +299,7 @@ class Zygote:
     def __init__(self, ctrl: socket.socket):
         self.ctrl, self.read_paths, self.base = ctrl, _runtime_paths(), os.getcwd()
         self.children: dict[int, str] = {}  # env pid -> its private dir
+        self.dying: set[int] = set()  # SIGKILLed by "drop", reaped when they are gone
 
     def serve_one(self) -> bool:
         try:
@@ -309,11 +310,14 @@ class Zygote:
             return False
         req = protocol.unpack(data)
         del data  # nothing of the request may stay on the stack that a forked env process inherits
+        self.reap_dropped()
         op = req.get("op")
         if op == "spawn":
             reply = self.spawn(req, fds)
         elif op == "kill":
             reply = self.kill(req["pid"])
+        elif op == "drop":
+            reply = self.drop(req["pid"])
         elif op == "shutdown":
             return False
         else:
@@ -336,8 +340,32 @@ class Zygote:
         self.children[pid] = workdir
         return {"pid": pid, "dir": workdir}
 
+    def drop(self, pid: int) -> dict:
+        """SIGKILL an env process and answer at once: an episode that ended needs no status, and
+        its teardown (the exit, the namespaces, the dir) then overlaps the next request."""
+        if pid in self.children and pid not in self.dying:
+            for target in (-pid, pid):
+                try:
+                    os.kill(target, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.dying.add(pid)
+        return {}
+
+    def reap_dropped(self) -> None:
+        for pid in list(self.dying):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.dying.discard(pid)
+                shutil.rmtree(self.children.pop(pid), ignore_errors=True)
+
     def kill(self, pid: int) -> dict:
+        """SIGKILL an env process group, reap it, and say how it ended."""
         reply = {"gone": True}
+        self.dying.discard(pid)
         if pid in self.children:
             for target in (-pid, pid):
                 try:
