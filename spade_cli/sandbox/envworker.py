@@ -80,7 +80,12 @@ class EnvWorker:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         try:
-            reply = self.zygote.request({"op": "spawn", "spec": self.spec}, (theirs.fileno(), out_w))
+            for _ in range(3):  # "retry": the zygote had no confined child ready for this spec yet
+                reply = self.zygote.request({"op": "spawn", "spec": self.spec}, (theirs.fileno(), out_w))
+                if "pid" in reply:
+                    break
+            else:
+                raise SandboxUnavailable(f"the sandbox zygote would not start an env process: {reply}")
         except BaseException:
             mine.close()
             os.close(out_r)

@@ -201,28 +201,42 @@ def _confine(spec: dict, workdir: str) -> str:
     return scratch
 
 
-def env_main(proto_fd: int, out_fd: int, spec: dict, workdir: str) -> None:
-    """Child side of ``spawn``: confine, say so, then serve. Never returns."""
+def env_main(handoff: socket.socket, spec: dict, workdir: str) -> None:
+    """Child side: confine ahead of time, wait to be handed the env's sockets, say so, serve.
+
+    The zygote forks and confines the next env process while the current episode plays, so an
+    episode starts by a hand-off (two fds over ``handoff``) instead of a fork plus confinement.
+    Never returns.
+    """
+    error = None
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        for fd in (devnull, out_fd):
-            os.close(fd)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
         hello = protocol.Ready(scratch=_confine(spec, workdir))
     except BaseException as exc:  # a setup failure, reported before any env code exists here
-        try:
-            protocol.send(proto_fd, protocol.SetupFailed(detail=describe(exc)))
-        finally:
-            os._exit(3)
+        error = describe(exc)
     max_obs, max_frame = spec["max_obs_chars"], spec["max_frame"]
     spec.clear()  # the limits are the kernel's now; the env finds no copy of its config on the stack
     try:
-        protocol.send(proto_fd, hello)
-        EnvServer(proto_fd, max_obs, max_frame).serve()
-    finally:
+        _msg, fds, _flags, _addr = socket.recv_fds(handoff, 16, 2)
+    except OSError:
         os._exit(0)
+    handoff.close()
+    if len(fds) != 2:
+        os._exit(0)  # the zygote is discarding this child
+    proto_fd, out_fd = fds
+    fds.clear()
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    try:
+        protocol.send(proto_fd, hello if error is None else protocol.SetupFailed(detail=error))
+        if error is None:
+            EnvServer(proto_fd, max_obs, max_frame).serve()
+    finally:
+        os._exit(0 if error is None else 3)
 
 
 # -- the zygote -----------------------------------------------------------------------------------
@@ -292,14 +306,44 @@ PREIMPORT = ("gymnasium", "gymnasium.spaces", "gymnasium.utils.env_checker", "nu
 
 
 class Zygote:
-    """The fork server's state. Requests are handled in methods, so that an env process, which
-    inherits the zygote's stack, finds on it nothing that differs from one episode to the next:
-    ``children`` is emptied in the child before the env's code is loaded."""
+    """The fork server's state. Every env process is forked at one place (``refill``, called from
+    the main loop between requests), so an env process, which inherits the zygote's stack, finds on
+    it nothing that differs from one episode, stage or pool to the next."""
 
     def __init__(self, ctrl: socket.socket):
         self.ctrl, self.read_paths, self.base = ctrl, _runtime_paths(), os.getcwd()
         self.children: dict[int, str] = {}  # env pid -> its private dir
         self.dying: set[int] = set()  # SIGKILLed by "drop", reaped when they are gone
+        # one confined child waiting for its sockets: (pid, hand-off socket, dir, its spec's bytes)
+        self.ready: tuple[int, socket.socket, str, bytes] | None = None
+        self.want: bytes | None = None  # the spec of the last spawn request, packed
+
+    def refill(self) -> None:
+        """Fork and (in the child) confine the next env process for the last spec asked for."""
+        if self.want is None or (self.ready is not None and self.ready[3] == self.want):
+            return
+        self.discard_ready()
+        spec = {**protocol.unpack(self.want), "read_paths": self.read_paths, "zygote_pid": os.getpid()}
+        workdir = tempfile.mkdtemp(prefix="env-", dir=self.base)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            self.ctrl.close()
+            mine.close()
+            self.children.clear()
+            self.dying.clear()
+            self.ready = self.want = None
+            env_main(theirs, spec, workdir)
+        theirs.close()
+        self.ready = (pid, mine, workdir, self.want)
+
+    def discard_ready(self) -> None:
+        if self.ready is not None:
+            pid, sock, workdir, _ = self.ready
+            self.ready = None
+            sock.close()  # the child sees EOF and exits; it is reaped like a dropped one
+            self.children[pid] = workdir
+            self.drop(pid)
 
     def serve_one(self) -> bool:
         try:
@@ -309,11 +353,10 @@ class Zygote:
         if not data:
             return False
         req = protocol.unpack(data)
-        del data  # nothing of the request may stay on the stack that a forked env process inherits
         self.reap_dropped()
         op = req.get("op")
         if op == "spawn":
-            reply = self.spawn(req, fds)
+            reply = self.spawn(protocol.pack(req["spec"])[4:], fds)
         elif op == "kill":
             reply = self.kill(req["pid"])
         elif op == "drop":
@@ -325,18 +368,27 @@ class Zygote:
         self.ctrl.send(protocol.pack(reply)[4:])
         return True
 
-    def spawn(self, req: dict, fds: list[int]) -> dict:
-        proto_fd, out_fd = fds
-        workdir = tempfile.mkdtemp(prefix="env-", dir=self.base)
-        spec = {**req["spec"], "read_paths": self.read_paths, "zygote_pid": os.getpid()}
-        pid = os.fork()
-        if pid == 0:
-            self.ctrl.close()
-            for state in (self.children, req, fds):  # the child's copies; env_main clears spec
-                state.clear()
-            env_main(proto_fd, out_fd, spec, workdir)
-        os.close(proto_fd)
-        os.close(out_fd)
+    def spawn(self, spec: bytes, fds: list[int]) -> dict:
+        """Hand the waiting child its sockets; without one ready for this spec, ask for a retry
+        (the main loop forks one before reading the retried request)."""
+        self.want = spec
+        ready, self.ready = self.ready, None
+        if ready is None or ready[3] != spec:
+            self.ready = ready
+            for fd in fds:
+                os.close(fd)
+            return {"retry": True}
+        pid, sock, workdir, _ = ready
+        try:
+            socket.send_fds(sock, [b"go"], fds)
+        except OSError:  # it died while waiting (killed from outside): try again with a new one
+            self.children[pid] = workdir
+            self.drop(pid)
+            return {"retry": True}
+        finally:
+            sock.close()
+            for fd in fds:
+                os.close(fd)
         self.children[pid] = workdir
         return {"pid": pid, "dir": workdir}
 
@@ -375,10 +427,11 @@ class Zygote:
             _, st = os.waitpid(pid, 0)
             reply = _status(st)
             shutil.rmtree(self.children.pop(pid), ignore_errors=True)
-        _reap_strays(self.children)
+        _reap_strays({**self.children, **({self.ready[0]: ""} if self.ready else {})})
         return reply
 
     def shutdown(self) -> None:
+        self.discard_ready()
         for pid, workdir in self.children.items():
             try:
                 os.kill(-pid, signal.SIGKILL)
@@ -422,8 +475,10 @@ def zygote_main(ctrl_fd: int, heavy: list[str] | tuple[str, ...] = ()) -> None:
     nobody_ok = confine.readable_by_others([sys.base_prefix, sys.prefix])
     ctrl.send(protocol.pack({"op": "ready", "pid": os.getpid(), "uid": os.geteuid(),
                              "nobody_can_read_runtime": nobody_ok})[4:])
-    while zygote.serve_one():
-        pass
+    while True:
+        zygote.refill()  # the next env process confines itself while this request is served
+        if not zygote.serve_one():
+            break
     zygote.shutdown()
     os._exit(0)
 
