@@ -1,7 +1,8 @@
 """The run directory, derived in one place (DESIGN §7).
 
     runs/NAME/
-      memory.jsonl                      environment memory across iterations
+      memory/iter_0007.jsonl            the environment memory as of iteration 7 (written by the
+                                        regret of iteration 6; iteration 0 has none unless seeded)
       iter_0007/designs.jsonl           + designs.jsonl.manifest.json, and so on for every stage
       iter_0007/validated.jsonl
       iter_0007/rollouts.jsonl          (or rollouts.shard-00-of-04.jsonl from a Slurm array)
@@ -12,6 +13,11 @@
       report/                           `spade report` tables and plots
 
 Recipes call ``spade paths RUN_DIR --iteration I`` to read these names instead of spelling them.
+
+Every artifact is written once (DESIGN §3, STYLE 12): the memory is versioned like the checkpoint,
+``memory`` is what iteration i reads and ``next_memory`` what its regret writes. A rerun of any
+stage of any iteration therefore sees exactly the inputs it saw the first time, which is what lets
+a loop killed at any point resume to the artifacts of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -48,9 +54,9 @@ class RunLayout:
     def replay(self, i: int) -> Path:
         return self.iter_dir(i) / "replay.jsonl"
 
-    @property
-    def memory(self) -> Path:
-        return self.root / "memory.jsonl"
+    def memory(self, i: int) -> Path:
+        """The memory iteration ``i`` reads (written by the regret of iteration i-1)."""
+        return self.root / "memory" / f"iter_{i:04d}.jsonl"
 
     def ckpt(self, i: int) -> Path:
         """The checkpoint used by iteration ``i`` (written by the update of iteration i-1)."""
@@ -71,7 +77,10 @@ class RunLayout:
             "iter_dir": str(self.iter_dir(i)), "designs": str(self.designs(i)),
             "validated": str(self.validated(i)), "rollouts": str(self.rollouts(i)),
             "rollouts_glob": self.rollouts_glob(i), "scores": str(self.scores(i)),
-            "replay": str(self.replay(i)), "memory": str(self.memory), "ckpt": str(self.ckpt(i)),
+            "replay": str(self.replay(i)), "prev_replay": str(self.replay(i - 1)) if i > 0 else "",
+            "memory": str(self.memory(i)),
+            "next_memory": str(self.memory(i + 1)), "ckpt": str(self.ckpt(i)),
             "next_ckpt": str(self.ckpt(i + 1)), "eval": str(self.eval(i)),
+            "next_eval": str(self.eval(i + 1)),
             "report_dir": str(self.report_dir),
         }

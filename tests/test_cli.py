@@ -159,6 +159,11 @@ def test_paths_come_from_the_layout(tmp_path):
     table = json.loads(res.output)
     assert table["validated"] == str(tmp_path / "run" / "iter_0007" / "validated.jsonl")
     assert table["next_ckpt"] == str(tmp_path / "run" / "ckpt" / "iter_0008")
+    # the memory is versioned like the checkpoint: iteration 7 reads memory/iter_0007, writes iter_0008
     res = CliRunner().invoke(app, ["paths", str(tmp_path / "run"), "-i", "7", "--key", "memory"])
-    assert res.output.strip() == str(tmp_path / "run" / "memory.jsonl")
+    assert res.output.strip() == str(tmp_path / "run" / "memory" / "iter_0007.jsonl")
+    assert table["next_memory"] == str(tmp_path / "run" / "memory" / "iter_0008.jsonl")
+    res = CliRunner().invoke(app, ["paths", str(tmp_path / "run with space"), "-i", "7", "--shell"])
+    shell = dict(line.split("=", 1) for line in res.output.splitlines())
+    assert shell["designs"] == "'" + str(tmp_path / "run with space" / "iter_0007" / "designs.jsonl") + "'"
     assert re.search("choose one of", CliRunner().invoke(app, ["paths", "r", "--key", "x"]).output)

@@ -14,14 +14,23 @@ def paths(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (runs/NAME).")],
     iteration: Annotated[int, typer.Option("--iteration", "-i", help="Iteration number.")] = 0,
     key: Annotated[str | None, typer.Option("--key", help="Print only this path, as plain text.")] = None,
+    shell: Annotated[bool, typer.Option(
+        "--shell", help="Print KEY=VALUE lines, shell-quoted, for `eval` in a recipe.")] = False,
 ) -> None:
     """Print the artifact paths of one iteration of a run as one JSON object.
 
-    Example: [bold]spade paths runs/demo -i 3 --key validated[/]
+    Example: [bold]spade paths runs/demo -i 3 --key validated[/]; in a recipe
+    [bold]eval "$(spade paths runs/demo -i 3 --shell)"[/] sets $designs, $memory, $next_ckpt, ...
     """
+    import shlex
+
     from spade_cli.layout import RunLayout
 
     table = RunLayout(run_dir).as_dict(iteration)
+    if shell:
+        # One process per iteration instead of one per path: each `spade` start costs about a second.
+        print("\n".join(f"{k}={shlex.quote(v)}" for k, v in table.items()))
+        return
     if key is None:
         emit(table)
         return
