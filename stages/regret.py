@@ -1,25 +1,26 @@
 """Stage `regret`: rollouts -> the Designer's reward per environment, the memory, replay, diversity.
 
 Inputs: the iteration's ``validated.jsonl`` (every design with its verdict), its rollouts (one file,
-several, or a glob of shards) and optionally ``memory.jsonl``. Outputs:
+several, or a glob of shards) and optionally ``--memory``, the memory as of this iteration. Outputs:
 
 - ``scores.jsonl``: one ``spade.score/1`` row per input validation row, in input order, so the
   Designer's GRPO groups stay complete. Invalid designs (parse failures included) get
   ``invalid_reward``. A valid env whose rollouts cannot define the signal (none at all, or one side
   missing) gets 0.0, the neutral reward, and ``note`` says why; the run warns about it.
-- ``memory.jsonl`` (when given), updated in place: every valid env of this iteration with rollouts,
-  and every replayed env found in the rollouts, gets its history entry for this iteration; a rerun
-  of the same iteration replaces that entry instead of appending a second. Memory rows also store
-  the env's ``code`` (an extra field) so that replay can hand it to the next rollout.
+- ``--memory-out``: the memory after this iteration, a new file (DESIGN §3). Every valid env of
+  this iteration with rollouts, and every replayed env found in the rollouts, gets its history
+  entry for this iteration; an entry for this iteration already in the input is replaced, not
+  doubled. Memory rows also store the env's ``code`` (an extra field) so that replay can hand it to
+  the next rollout.
 - ``--replay-out`` (with ``--replay K``): the K most promising envs of the merged memory, as
   ``spade.validation/1`` rows for the next iteration (see ``curriculum.replay_priorities``).
 - Diversity (Vendi score and Vendi/n of the valid designs) in the summary line and the manifest.
 
-The memory file is input and output at once. Its manifest fingerprint is therefore the memory
-*without this iteration's entries*: exactly what the merge depends on. A rerun after success is
-"up to date"; a memory changed by another iteration is refused unless --force; a memory that lost
-this iteration's merge (restored from a backup) is merged again, which is safe because it is
-idempotent.
+No file is both read and written: the memory of iteration i is an input like any other, fingerprinted
+by its hash, and the memory after iteration i is a side output recorded (path and sha256) in the
+manifest of ``scores.jsonl``. A rerun after success is "up to date"; a side output that was lost is
+written again from the same inputs. The loop names the versions through ``spade paths``
+(``memory`` and ``next_memory``, runs/NAME/memory/iter_0007.jsonl).
 
 Rollouts are streamed: each line is hashed for the manifest and parsed in the same pass, and the
 token arrays (the bulk of every row) are cut out unparsed when they form a flat object of numbers,
@@ -30,18 +31,19 @@ once when identical and refused when not. Formulas and design choices: docs/regr
 Example::
 
     spade regret --envs it3/validated.jsonl --rollouts 'it3/rollouts*.jsonl' --out it3/scores.jsonl \\
-        --memory run/memory.jsonl --replay 4 --replay-out it3/replay.jsonl
+        --memory run/memory/iter_0003.jsonl --memory-out run/memory/iter_0004.jsonl \\
+        --replay 4 --replay-out it3/replay.jsonl
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
 
 from spade_cli import curriculum
 from spade_cli.artifacts import (
+    InputError,
     SpadeError,
     Stage,
     check_output,
@@ -65,7 +67,7 @@ STAGE = "regret"
 
 # -- memory ----------------------------------------------------------------------------------------
 def load_memory(path: Path | None) -> list[dict]:
-    if path is None or not path.exists():
+    if path is None:
         return []
     return [to_row(rec) for _, _, rec in read_rows(path, expect="spade.memory")]
 
@@ -78,13 +80,6 @@ def strip_iteration(rows: list[dict], iteration: int) -> list[dict]:
 
 def _kept(rows: list[dict], iteration: int) -> list[dict]:
     return [r for r in rows if r["history"] or r.get("first_iteration") != iteration]
-
-
-def memory_fingerprint(path: Path, rows: list[dict], iteration: int) -> dict:
-    base = _kept(strip_iteration(rows, iteration), iteration)
-    digest = hashlib.sha256(json.dumps(base, sort_keys=True).encode()).hexdigest()
-    return {"path": str(path), "sha256": digest, "rows": len(base),
-            "kind": f"memory without iteration {iteration}"}
 
 
 def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_envs: dict[str, Validation],
@@ -121,8 +116,8 @@ def _iteration_of(envs: list[Validation], given: int | None) -> int:
 
 
 def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
-        memory: str | Path | None = None, signal: str = "regret", clip_negative: bool = False,
-        invalid_reward: float = -1.0,
+        memory: str | Path | None = None, memory_out: str | Path | None = None, signal: str = "regret",
+        clip_negative: bool = False, invalid_reward: float = -1.0,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
         embedding: str = "tfidf", force: bool = False) -> dict:
@@ -132,16 +127,21 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         raise SpadeError(f"unknown signal {signal!r}; choose {', '.join(curriculum.SIGNALS)}")
     if replay and replay_out is None:
         raise SpadeError("--replay K needs --replay-out FILE")
-    out, mem_path = Path(out), Path(memory) if memory else None
+    out = Path(out)
+    mem_out = Path(memory_out) if memory_out else None
     replay_path = Path(replay_out) if replay and replay_out else None
     env_paths, roll_paths = expand_inputs(envs), expand_inputs(rollouts)
+    mem_path = Path(memory) if memory else None
+    if mem_path and not mem_path.is_file():  # a typo must not pass for the empty memory of iteration 0
+        raise InputError(mem_path, None, "no such memory file (omit --memory when there is none yet)")
+    mem = [mem_path] if mem_path else []
     # every output checked before the scan: a typo in --out must not cost a pass over the rollouts
-    ins, mem = [*env_paths, *roll_paths], [mem_path] if mem_path else []
-    check_output(out, [*ins, *mem])
-    if mem_path:  # the memory is merged in place (module docstring): it may only be itself
-        check_output(mem_path, ins, flag="--memory")
+    ins = [*env_paths, *roll_paths, *mem]
+    check_output(out, ins)
+    if mem_out:  # write-once: the memory after this iteration is a new file, never the input
+        check_output(mem_out, [*ins, out], flag="--memory-out")
     if replay_path:
-        check_output(replay_path, [*ins, *mem, out], flag="--replay-out")
+        check_output(replay_path, [*ins, out, *([mem_out] if mem_out else [])], flag="--replay-out")
     designs = [rec for _, _, rec in read_rows(env_paths, expect="spade.validation")]
     it = _iteration_of(designs, iteration)
     mem_rows = load_memory(mem_path)
@@ -157,17 +157,18 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "replay_out": str(replay_path) if replay_path else None,
               "replay_temperature": replay_temperature,
               "replay_staleness": replay_staleness, "embedding": embedding,
-              "memory": str(mem_path) if mem_path else None}
+              "memory_out": str(mem_out) if mem_out else None}
     stage = Stage(STAGE, out, config, force=force, started=t0)
     stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
     if mem_path:
-        stage.inputs["memory"] = [memory_fingerprint(mem_path, mem_rows, it)]
+        stage.inputs["memory"] = [fingerprint(mem_path)]
     if stage.check():
         old = json.loads(manifest_path(out).read_text())
         side = old.get("side_outputs", {})
         if all(Path(p).exists() and sha256_file(p) == sha for p, sha in side.items()):
             return {**old.get("summary", {}), "status": "up to date", "out": str(out)}
-        stage.force = True  # a side output was lost or rolled back: redo, the merge is idempotent
+        stage.force = True  # a side output was lost or altered: write it again from the same inputs
+        stage.lock()
 
     stats = {e: curriculum.env_stats(per_env.get(e), success_threshold) for e in valid}
     played = {e: s for e, s in stats.items() if s["hinted_n"] or s["unhinted_n"]}
@@ -215,9 +216,9 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         for row in rows[len(done):]:
             w.write(row)
     side: dict[str, str] = {}
-    if mem_path:
-        write_jsonl(mem_path, merged)
-        side[str(mem_path)] = sha256_file(mem_path)
+    if mem_out:
+        write_jsonl(mem_out, merged)
+        side[str(mem_out)] = sha256_file(mem_out)
     picked = []
     if replay_path:
         invalid_now = {r.env_id for r in designs if not r.valid}
@@ -234,7 +235,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "episodes": sum(len(v) for st in per_env.values() for k in ("h", "u") for v in st[k].values()),
                "replayed_played": len(replayed),
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
-               "memory_envs": len(merged) if mem_path else None, "replay": len(picked),
+               "memory_envs": len(merged) if mem_out else None, "replay": len(picked),
                "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done),
                "warnings": warnings}
     stage.warnings.extend(warnings)

@@ -146,9 +146,10 @@ def test_update_out_must_be_a_directory_and_not_hold_an_input(d: Path) -> None:
 
 def test_regret_side_outputs_are_checked_too(d: Path) -> None:
     base = _argv("regret", d, d / "scores.jsonl")
-    _refused(run_spade(*base, "--memory", d / "validated.jsonl"), 2, "--memory .*validated.jsonl is also an input",
-             d / "scores.jsonl")
-    _refused(run_spade(*base, "--memory", d / "scores.jsonl"), 2, "--out .*scores.jsonl is also an input", None)
+    _refused(run_spade(*base, "--memory-out", d / "validated.jsonl"), 2,
+             "--memory-out .*validated.jsonl is also an input", d / "scores.jsonl")
+    _refused(run_spade(*base, "--memory-out", d / "scores.jsonl"), 2,
+             "--memory-out .*scores.jsonl is also an input", None)
     _refused(run_spade(*base, "--replay", "1", "--replay-out", d / "rollouts.jsonl"), 2,
              "--replay-out .*rollouts.jsonl is also an input", d / "scores.jsonl")
 

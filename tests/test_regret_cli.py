@@ -47,10 +47,10 @@ def it0(tmp_path: Path) -> dict:
             "ids": [a["env_id"], b["env_id"], c["env_id"], d["env_id"]], "alpha": a}
 
 
-def _regret(fx: dict, *extra: str, out: str = "scores.jsonl"):
+def _regret(fx: dict, *extra: str, out: str = "scores.jsonl", memory: tuple = ("--memory-out", "memory.jsonl")):
     d = fx["dir"]
-    return run_spade("regret", "--envs", fx["envs"], "--rollouts", fx["rollouts"], "--out", d / out,
-                     "--memory", d / "memory.jsonl", *extra)
+    mem = [x if x.startswith("--") else d / x for x in memory]
+    return run_spade("regret", "--envs", fx["envs"], "--rollouts", fx["rollouts"], "--out", d / out, *mem, *extra)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -96,7 +96,7 @@ def test_scores_memory_and_up_to_date(it0: dict) -> None:
     assert len(mem["history"]) == 1  # rerunning the iteration did not double-count
 
 
-def test_memory_rolled_back_is_merged_again(it0: dict) -> None:
+def test_lost_memory_is_written_again_and_a_missing_input_memory_is_an_error(it0: dict) -> None:
     d = it0["dir"]
     assert _regret(it0).returncode == 0
     before = (d / "memory.jsonl").read_bytes()
@@ -104,6 +104,29 @@ def test_memory_rolled_back_is_merged_again(it0: dict) -> None:
     res = _regret(it0)
     assert res.returncode == 0 and json.loads(res.stdout)["status"] == "ok"
     assert (d / "memory.jsonl").read_bytes() == before
+    # a typo in --memory is not the empty memory of a first iteration
+    res = _regret(it0, memory=("--memory", "nope.jsonl", "--memory-out", "m1.jsonl"), out="s1.jsonl")
+    assert res.returncode == 1 and "nope.jsonl: no such memory file" in res.stderr
+
+
+def test_the_memory_is_write_once(it0: dict) -> None:
+    """Regret of iteration i reads the memory as of i and writes the memory after i as a new file:
+    the input is untouched, so a rerun of the iteration sees the same inputs and is up to date."""
+    d = it0["dir"]
+    assert _regret(it0).returncode == 0
+    before = (d / "memory.jsonl").read_bytes()
+    args = {"memory": ("--memory", "memory.jsonl", "--memory-out", "memory1.jsonl"), "out": "scores1.jsonl"}
+    res = _regret(it0, "--iteration", "1", **args)
+    assert res.returncode == 0, res.stderr
+    assert (d / "memory.jsonl").read_bytes() == before
+    (mem,) = _rows(d / "memory1.jsonl")
+    assert [h["iteration"] for h in mem["history"]] == [0, 1]
+    again = _regret(it0, "--iteration", "1", **args)
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "up to date"
+    # the input memory and the output memory are never one file
+    res = _regret(it0, "--iteration", "1", memory=("--memory", "memory.jsonl", "--memory-out", "memory.jsonl"),
+                  out="scores2.jsonl")
+    assert res.returncode == 2 and "--memory-out" in res.stderr and (d / "memory.jsonl").read_bytes() == before
 
 
 def test_next_iteration_updates_replayed_env_and_ema_lp(it0: dict) -> None:
@@ -117,10 +140,11 @@ def test_next_iteration_updates_replayed_env_and_ema_lp(it0: dict) -> None:
     _write(d / "rollouts1.jsonl", eps)
     fx = {**it0, "envs": envs1, "rollouts": str(d / "rollouts1.jsonl")}
     for _ in range(2):  # the second run is forced: the same iteration must not be appended twice
-        res = _regret(fx, "--signal", "ema_lp", "--force", out="scores1.jsonl")
+        res = _regret(fx, "--signal", "ema_lp", "--force", out="scores1.jsonl",
+                      memory=("--memory", "memory.jsonl", "--memory-out", "memory1.jsonl"))
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["replayed_played"] == 1
-    mem = {r["env_id"]: r for r in _rows(d / "memory.jsonl")}
+    mem = {r["env_id"]: r for r in _rows(d / "memory1.jsonl")}
     assert [h["iteration"] for h in mem[alpha]["history"]] == [0, 1]
     assert mem[alpha]["history"][1]["regret"] == 0.0 and mem[e["env_id"]]["first_iteration"] == 1
     (score,) = _rows(d / "scores1.jsonl")
@@ -152,7 +176,7 @@ def test_crash_mid_write_resumes(it0: dict, monkeypatch: pytest.MonkeyPatch) -> 
     from stages import regret as stage
 
     d = it0["dir"]
-    kwargs = {"memory": d / "memory.jsonl", "signal": "regret"}
+    kwargs = {"memory_out": d / "memory.jsonl", "signal": "regret"}
     real_write, calls = artifacts.PartialWriter.write, []
 
     def dying_write(self, row):  # the process dies after two rows reached the partial file

@@ -1,4 +1,4 @@
-"""`spade regret`: score an iteration's environments for the Designer, update memory, pick replays."""
+"""`spade regret`: score an iteration's environments for the Designer, write the next memory, pick replays."""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ def regret(
     out: OutFileOpt,
     memory: Annotated[Path | None, typer.Option(
         "--memory", dir_okay=False, rich_help_panel=PANEL_REPLAY,
-        help="memory.jsonl to merge this iteration into (created if missing).")] = None,
+        help="The memory as of this iteration (read only; omit it in the first iteration).")] = None,
+    memory_out: Annotated[Path | None, typer.Option(
+        "--memory-out", dir_okay=False, rich_help_panel=PANEL_REPLAY,
+        help="Where to write the memory after this iteration: a new file, never --memory.")] = None,
     signal: Annotated[str, typer.Option(
         "--signal", rich_help_panel=PANEL_SIGNAL, help="Designer reward: regret, ema_lp or learnability.")]
     = "regret",
@@ -52,10 +55,12 @@ def regret(
     force: ForceOpt = False,
 ) -> None:
     """Turn rollouts into the Designer's reward (one spade.score/1 row per design), merge the iteration
-    into the environment memory, optionally write replay envs, and report the Vendi diversity.
+    with the memory as of this iteration into a new memory file, optionally write replay envs, and
+    report the Vendi diversity.
 
-    Example: [bold]spade regret --envs it0/validated.jsonl --rollouts 'it0/rollouts*.jsonl'
-    --out it0/scores.jsonl --memory run/memory.jsonl --replay 4 --replay-out it0/replay.jsonl[/]
+    Example: [bold]spade regret --envs it3/validated.jsonl --rollouts 'it3/rollouts*.jsonl'
+    --out it3/scores.jsonl --memory run/memory/iter_0003.jsonl --memory-out run/memory/iter_0004.jsonl
+    --replay 4 --replay-out it3/replay.jsonl[/]
     """
     from stages import regret as stage
 
@@ -63,7 +68,7 @@ def regret(
         raise typer.BadParameter("choose regret, ema_lp or learnability", param_hint="--signal")
     if replay and replay_out is None:
         raise typer.BadParameter("--replay K needs --replay-out FILE", param_hint="--replay-out")
-    summary = stage.run(envs, rollouts, out, memory=memory, signal=signal, clip_negative=clip_negative,
+    summary = stage.run(envs, rollouts, out, memory=memory, memory_out=memory_out, signal=signal, clip_negative=clip_negative,
                         invalid_reward=invalid_reward, iteration=iteration,
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
