@@ -11,6 +11,12 @@ Every stage follows one protocol (DESIGN §2, STYLE §4):
 3. ``Stage.commit`` fsyncs, renames the partial onto ``OUT`` and writes the manifest last: the
    manifest's existence means the output is complete.
 
+From the moment ``Stage.check`` finds work to do until the manifest is written, the stage holds
+``OUT.lock`` (``spade_cli.locks``): a second writer of the same output fails at once naming the
+holder, and the up-to-date check is repeated under the lock, so a writer that finished meanwhile is
+seen. Rows reach the partial through ``PartialWriter``, which is also where a SIGTERM stops a stage
+(``spade_cli.preempt``): after a complete, fsynced row, never inside one.
+
 Input rows are read with ``read_rows``, which names the file and line of any bad row. Output
 paths are checked by ``check_output`` before any work starts (``Stage.begin`` for the static checks,
 ``Stage.check`` for writability once there is work to do): an output that is an input, a directory,
@@ -41,6 +47,7 @@ from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them f
     expand_inputs,
     open_input,
 )
+from spade_cli.locks import describe
 from spade_cli.records import Record, SchemaError, parse, to_row
 
 
@@ -200,6 +207,8 @@ class Stage:
     extra: dict[str, Any] = field(default_factory=dict)
 
     out_kind: str = "file"
+    taken_over: dict | None = None  # the dead writer whose lock this run took over
+    _lock: Any = None
 
     @classmethod
     def begin(cls, name: str, out: str | Path, config: dict, inputs: dict[str, Iterable[str | Path]],
@@ -242,15 +251,36 @@ class Stage:
             parts.append("inputs changed: " + ", ".join(roles))
         return "; ".join(parts) or "the manifest differs"
 
+    def lock(self) -> None:
+        """Take OUT's exclusive lock (once); a second writer raises LockHeld naming this one."""
+        from spade_cli import locks
+
+        if self._lock is None:
+            self._lock = locks.acquire(self.out)
+            if self._lock is not None and self._lock.replaced:
+                # kept apart from warnings and extra, which stages may reassign
+                self.taken_over = self._lock.replaced
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def check(self) -> bool:
         """True when the stage should be skipped; raises when finished work would be overwritten."""
-        st = self.status()
-        if st == "up to date" and not self.force:
-            return True
-        if st not in ("new", "up to date") and not self.force:
-            raise SpadeError(f"{self.out} exists from another run ({st}); pass --force to overwrite it")
-        # only now, with work to do: a finished run on a read-only mount is still "up to date"
-        check_output(self.out, kind=self.out_kind)
+        for attempt in ("unlocked", "locked"):
+            st = self.status()
+            if st == "up to date" and not self.force:
+                self.release()
+                return True
+            if st not in ("new", "up to date") and not self.force:
+                self.release()
+                raise SpadeError(f"{self.out} exists from another run ({st}); pass --force to overwrite it")
+            if attempt == "unlocked":
+                # only now, with work to do: a finished run on a read-only mount is still "up to date"
+                check_output(self.out, kind=self.out_kind)
+                # then again under the lock: the writer that held it may have just finished
+                self.lock()
         return False
 
     # -- resumable output -------------------------------------------------------------------------
@@ -307,11 +337,13 @@ class Stage:
             "output": {"path": str(self.out), "rows": rows_written,
                        "sha256": fingerprint(self.out)["sha256"] if self.out.exists() else None},
             "timings": {"wall_s": round(time.time() - self.started, 3), **self.timings},
-            "warnings": self.warnings,
+            "warnings": self.warnings + ([f"took over the lock of a dead writer: {describe(self.taken_over)}"]
+                                         if self.taken_over else []),
             "summary": summary or {},
             **self.extra,  # e.g. the sandbox tier of validate and rollout
         }
         atomic_write_text(manifest_path(self.out), json.dumps(manifest, indent=2, default=str) + "\n")
+        self.release()  # the manifest is the last write: the output is published
         return manifest
 
 

@@ -128,6 +128,7 @@ def emit(summary: dict) -> None:
 
 def command(fn: Callable) -> Callable:
     """Turn a SpadeError (or a broken pipe) into a one-line message and exit 1, never a traceback."""
+    from spade_cli import locks
     from spade_cli.artifacts import SpadeError
 
     @functools.wraps(fn)
@@ -140,6 +141,8 @@ def command(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; rerun the same command to resume[/]")
             raise typer.Exit(130) from None
+        finally:
+            locks.release_all()  # a failed stage keeps its partial output, not its lock file
 
     return wrapper
 
