@@ -21,8 +21,10 @@ The checks, in order:
    ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe episode runs in a fresh
    process forked from the zygote, with a seed drawn as rollout draws it.
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
-   ``trivial_return``), ``duplicate`` (env_id already in ``--memory``, or the same normalized code
-   as an earlier row of this input; the first one wins).
+   ``trivial_return``), ``hint_is_answer`` and ``format_only`` (replies made from the hint alone,
+   or with no task content, reach it on two seeds: ``spade_cli/probes.py``), ``duplicate``
+   (env_id already in ``--memory``, or the same normalized code as an earlier row of this input;
+   the first one wins).
 
 Example::
 
@@ -44,6 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from spade_cli import probes
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.episodes import episode_seed
 from spade_cli.records import Design, env_id_for, to_row, validation_from
@@ -226,9 +229,46 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
             if episodes[k]["return"] >= trivial_return}
     ch.add("trivial", not easy, f"degenerate policies reach a high return: {easy}" if easy
            else f"degenerate and random returns < {trivial_return}", t0, "trivial")
+    if ch.reason is None:  # probes cost episodes: only for designs that are valid so far
+        single_shot = episodes["scripted"]["done"] and episodes["scripted"]["steps"] <= 1
+        hack_probes(design, pool, ch, stats, single_shot=single_shot, max_steps=max_steps,
+                    seeds=(episode_seed(seed, VALIDATION_ITERATION, design.env_id, 10),
+                           episode_seed(seed, VALIDATION_ITERATION, design.env_id, 11)),
+                    trivial_return=trivial_return)
     t0 = time.perf_counter()
     ch.add("duplicate", duplicate_of is None, duplicate_of or "new", t0, "duplicate")
     return {"valid": ch.reason is None, "reason": ch.reason, "checks": ch.items, "stats": stats}
+
+
+def hack_probes(design: Design, pool: SandboxPool, ch: Checks, stats: dict, *, single_shot: bool,
+                max_steps: int, seeds: tuple[int, int], trivial_return: float) -> None:
+    """The ``hint_is_answer`` and ``format_only`` checks (spade_cli/probes.py): each probe policy
+    in a fresh process; a high return counts only when a second seed confirms it."""
+    families = probes.policies(design.hint or "", single_shot)
+    worker = None
+    try:
+        for reason, plays in families.items():
+            t0 = time.perf_counter()
+            fired, best = None, 0.0
+            for name, replies in plays:
+                if worker is None or not worker.alive:
+                    worker = pool.open(design.code, design.env_id, hash_seed=0)
+                policy = (lambda rs: lambda t: rs[t % len(rs)])(replies)
+                ret = play(worker, name, seeds[0], policy, max_steps)["return"]
+                best = max(best, ret)
+                if ret >= trivial_return and play(worker, name + ":confirm", seeds[1], policy,
+                                                  max_steps)["return"] >= trivial_return:
+                    fired = name
+                    break
+            stats.setdefault("probes", {})[reason] = {"episodes": len(plays), "best_return": round(best, 6)}
+            if not ch.add(reason, fired is None, f"{fired} reaches a high return on two seeds" if fired
+                          else f"{len(plays)} probe episodes, best return {best:.3g}", t0, reason):
+                return
+    except EnvError as err:  # the contract says any text is a valid action; these are text too
+        ch.add("hack_probes", False, f"{err.reason}: {err.detail}", time.perf_counter(), err.reason)
+    finally:
+        if worker is not None:
+            worker.close()
 
 
 def _duplicates(designs: list[Design], memory_ids: set[str]) -> list[str | None]:

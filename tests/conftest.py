@@ -11,6 +11,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# One BLAS/OpenMP thread for torch in this process and in every spade subprocess the tests start:
+# on a 2-core machine two threads spin-wait whenever the other core is busy (a test server, a
+# sandbox worker, another test's stage), and small matmuls gain nothing from a second thread.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _offline_caches(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -90,7 +90,8 @@ def test_benign_envs_pass_and_manifest(tmp_path: Path) -> None:
     assert [g["valid"] for g in got] == [True] * len(rows), [(g["reason"], g["checks"][-1]) for g in got]
     names = [c["name"] for c in got[0]["checks"]]
     assert names == ["code", "size", "syntax", "env_class", "import", "gym_check_env", "contract",
-                     "return_range", "determinism", "hint_leak", "no_hint", "trivial", "duplicate"]
+                     "return_range", "determinism", "hint_leak", "no_hint", "trivial", "hint_is_answer",
+                     "format_only", "duplicate"]
     assert got[0]["env_id"] == env_id_for(rows[0]["code"], rows[0]["hint"])
     manifest = json.loads(Path(f"{out}.manifest.json").read_text())
     assert manifest["sandbox"]["tier"] == json.loads(r.stdout.splitlines()[-1])["tier"]
