@@ -5,9 +5,16 @@
 #   CONFIG=recipes/ablations/no_memory.env bash recipes/loop.sh      # knobs from an env file
 #
 # Restartable: every stage writes its output atomically with a manifest, and a stage whose manifest
-# matches its inputs and config prints "up to date" and does nothing. Rerunning this script after
-# any failure (or a Slurm requeue) therefore resumes at the first incomplete stage; no step number
-# is hard-coded. Every knob below can be set in the environment or in the CONFIG env file.
+# matches its inputs and config prints "up to date" and does nothing. No file is ever changed in
+# place (the memory is a new file per iteration: memory/iter_0007.jsonl is what iteration 7 reads,
+# its regret writes memory/iter_0008.jsonl), so every stage of a rerun sees exactly the inputs of
+# the first run. Rerunning this script after any failure, kill or Slurm requeue therefore resumes at
+# the first incomplete stage and ends with the artifacts of an uninterrupted run; no step number is
+# hard-coded. Every knob below can be set in the environment or in the CONFIG env file.
+#
+# SIGTERM (Slurm's time-limit and preemption signal) is passed to the running stage, which stops at
+# a unit boundary and keeps its work as a resumable partial; the loop then exits 75 (EX_TEMPFAIL),
+# which the sbatch recipes answer with a requeue. Any other failure exits with the stage's code.
 set -euo pipefail
 
 if [[ -n "${CONFIG:-}" ]]; then
@@ -54,22 +61,39 @@ echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GR
      "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" >&2
 mkdir -p "$RUN"
 
-path() { "$SPADE" paths "$RUN" --iteration "$1" --key "$2"; }
 backend_flags=(--backend "$BACKEND")
 [[ -n "$BASE_URL" ]] && backend_flags+=(--base-url "$BASE_URL")
 
+# Each stage runs in the background so that this shell can take SIGTERM while it runs (bash runs a
+# trap only between commands) and hand it on; `wait` returns early on a trapped signal, so it is
+# repeated until the stage has really exited.
+child="" stop=0
+trap 'stop=1; [[ -z "$child" ]] || kill -TERM "$child" 2>/dev/null || true' TERM
+stage() {
+  local rc=0
+  "$@" &
+  child=$!
+  wait "$child" || rc=$?
+  while kill -0 "$child" 2>/dev/null; do rc=0; wait "$child" || rc=$?; done
+  child=""
+  if ((stop)); then echo "== SIGTERM: stopped at a unit boundary; rerun to resume" >&2; exit 75; fi
+  return "$rc"
+}
+
 for ((i = 0; i < ITERS; i++)); do
-  if ((i == 0)); then ckpt="$MODEL"; else ckpt="$(path "$i" ckpt)"; fi
+  ((stop == 0)) || exit 75
+  # sets $designs $validated $rollouts $rollouts_glob $scores $replay $prev_replay $memory
+  # $next_memory $ckpt $next_ckpt $next_eval $iter_dir: one `spade paths` per iteration, because
+  # each start of `spade` costs about a second
+  eval "$("$SPADE" paths "$RUN" --iteration "$i" --shell)"
+  ((i == 0)) && ckpt="$MODEL"
   designer="$ckpt"
   [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
-  designs="$(path "$i" designs)"; validated="$(path "$i" validated)"; rollouts="$(path "$i" rollouts)"
-  scores="$(path "$i" scores)"; memory="$(path "$i" memory)"; next="$(path "$i" next_ckpt)"
-  replay_prev="$(path $((i > 0 ? i - 1 : 0)) replay)"
+  next="$next_ckpt" replay_prev="$prev_replay" eval_out="$next_eval"
   eval_due=0
   ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)) && eval_due=1
-  eval_out="$(path $((i + 1)) eval)"
-  # A finished iteration is skipped as a whole: its stages are final, and the memory has moved on
-  # since (regret would rightly refuse to re-merge an old iteration into a newer memory).
+  # A finished iteration is skipped as a whole, only to save the seconds of "up to date" checks:
+  # every artifact is write-once, so running its stages again would change nothing.
   if [[ -f "$next.manifest.json" ]] && { ((eval_due == 0)) || [[ -f "$eval_out.manifest.json" ]]; }; then
     echo "== iteration $i: done" >&2
     continue
@@ -86,49 +110,52 @@ for ((i = 0; i < ITERS; i++)); do
     else
       design_flags+=(--no-grounding)
     fi
+    # the memory of this iteration: absent in iteration 0, and never changed once written
     [[ "$MEMORY" == 1 && -f "$memory" ]] && design_flags+=(--memory "$memory")
   fi
   # shellcheck disable=SC2086
-  "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS
+  stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS
 
   validate_flags=()
   [[ -f "$memory" && -z "$POOL" ]] && validate_flags+=(--memory "$memory")
   # shellcheck disable=SC2086
-  "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
+  stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
 
-  envs=("$validated")
-  ((i > 0)) && [[ -f "$replay_prev" ]] && envs+=("$replay_prev")
+  envs=(--envs "$validated")   # a repeated flag: typer takes one value per --envs
+  ((i > 0)) && [[ -f "$replay_prev" ]] && envs+=(--envs "$replay_prev")
   if ((ROLLOUT_SHARDS > 1)); then
     # Shards are written by the Slurm array (recipes/slurm/multi_node/); wait for all of them.
-    rollouts="$(path "$i" rollouts_glob)"
-    n_done=$(ls "$RUN"/iter_"$(printf %04d "$i")"/rollouts.shard-*.jsonl.manifest.json 2>/dev/null | wc -l)
+    rollouts="$rollouts_glob"
+    n_done=$(find "$iter_dir" -maxdepth 1 -name 'rollouts.shard-*.jsonl.manifest.json' | wc -l)
     if ((n_done < ROLLOUT_SHARDS)); then
       echo "waiting for $ROLLOUT_SHARDS rollout shards of iteration $i ($n_done done); submit the array" >&2
       exit 3
     fi
   else
     # shellcheck disable=SC2086
-    "$SPADE" rollout --model "$ckpt" --envs "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
+    stage "$SPADE" rollout --model "$ckpt" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
       --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
   fi
 
-  regret_flags=(--signal "$SIGNAL" --iteration "$i" --memory "$memory")
-  ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$(path "$i" replay)")
+  # regret reads the memory as of iteration i and writes the memory after it as a new file
+  regret_flags=(--signal "$SIGNAL" --iteration "$i" --memory-out "$next_memory")
+  [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
+  ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086
-  "$SPADE" regret --envs "${envs[@]}" --rollouts "$rollouts" --out "$scores" "${regret_flags[@]}" $REGRET_ARGS
+  stage "$SPADE" regret "${envs[@]}" --rollouts "$rollouts" --out "$scores" "${regret_flags[@]}" $REGRET_ARGS
 
   update_flags=()
   [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
   # shellcheck disable=SC2086
-  $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" \
+  stage $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" \
     --scores "$scores" --out "$next" "${update_flags[@]}" $UPDATE_ARGS
 
   if ((eval_due)); then
     eval_flags=(--tasks "$EVAL_TASKS" "${backend_flags[@]}")
     [[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
     # shellcheck disable=SC2086
-    "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
+    stage "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
   fi
 done
 
-"$SPADE" report "$RUN"
+stage "$SPADE" report "$RUN"
