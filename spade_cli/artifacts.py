@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from spade_cli import __version__
+from spade_cli import __version__, preempt
 from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them from here)
     InputError,
     OutputError,
@@ -313,6 +313,13 @@ class Stage:
 
     def commit(self, rows_written: int, summary: dict | None = None) -> dict:
         """Publish the partial as OUT, then write the manifest; returns the manifest."""
+        preempt.writer_opened()  # a SIGTERM now waits: OUT without its manifest would be redone
+        try:
+            return self._commit(rows_written, summary)
+        finally:
+            preempt.writer_closed()
+
+    def _commit(self, rows_written: int, summary: dict | None) -> dict:
         if self.partial.exists():
             with open(self.partial, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -354,8 +361,10 @@ class PartialWriter:
         self.path = path
         self.fh = open(path, "a", encoding="utf-8")
         self.sync_every, self.n = sync_every, 0
+        preempt.writer_opened()
 
     def write(self, row: dict | Record) -> None:
+        preempt.boundary()  # after a SIGTERM: stop here, before a row that may postdate it
         self.fh.write(dumps(row) + "\n")
         self.fh.flush()
         self.n += 1
@@ -367,6 +376,7 @@ class PartialWriter:
             self.fh.flush()
             os.fsync(self.fh.fileno())
             self.fh.close()
+            preempt.writer_closed()
 
     def __enter__(self) -> PartialWriter:
         return self

@@ -127,12 +127,14 @@ def emit(summary: dict) -> None:
 
 
 def command(fn: Callable) -> Callable:
-    """Turn a SpadeError (or a broken pipe) into a one-line message and exit 1, never a traceback."""
-    from spade_cli import locks
+    """Turn a SpadeError (or a broken pipe) into a one-line message and exit 1 (2 for usage, 75 for
+    SIGTERM), never a traceback."""
+    from spade_cli import locks, preempt
     from spade_cli.artifacts import SpadeError
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        preempt.install()  # SIGTERM: stop at a unit boundary, exit 75 (Preempted is a SpadeError)
         try:
             return fn(*args, **kwargs)
         except SpadeError as exc:
