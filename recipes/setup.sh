@@ -15,3 +15,9 @@ pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"
 [ -n "$TORCH_SPEC" ] && "${pip[@]}" "$TORCH_SPEC"
 "${pip[@]}" -e ".[$EXTRAS]"
+# The eval suites whose packages pin old versions of spade's core libraries go in without their
+# dependency lists; what their scorers import comes from spade's extras (spade[bfcl], in dev).
+# NO_SUITES=1 skips them.
+if [ -z "${NO_SUITES:-}" ] && [[ "$EXTRAS" == *dev* || "$EXTRAS" == *bfcl* ]]; then
+  "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+fi

@@ -33,8 +33,10 @@ from typing import Any
 from spade_cli.artifacts import SpadeError, atomic_write_text, write_jsonl
 from spade_cli.records import Eval
 
-KINDS = ("lm", "rg", "envs", "evalscope")
+KINDS = ("lm", "rg", "envs", "bfcl", "tau2", "evalscope")
 PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
+# Room for a thinking model's reasoning before its <answer> (1024 cut most Qwen3 answers off).
+RG_MAX_TOKENS = 8192
 # The paper's held-out benchmarks (DESIGN §1). lm-eval, Reasoning Gym and evalscope names as
 # spelled by those projects; `rg:` entries are Reasoning Gym categories (items drawn round-robin
 # over the category's datasets).
@@ -68,13 +70,12 @@ def parse_spec(text: str) -> TaskSpec:
     if not sep or kind not in KINDS or not rest:
         raise ValueError(f"bad task spec {text!r}: expected one of {', '.join(k + ':<name>' for k in KINDS)}")
     n = None
-    if kind == "rg":
-        name, _, count = rest.partition(":")
-        if count:
+    if kind in ("rg", "bfcl", "tau2"):  # kinds that take an item count: NAME[:N]
+        name, colon, count = rest.rpartition(":")
+        if colon and not (kind == "rg" and name == "category"):  # rg:category:NAME has no count
             if not count.isdigit() or int(count) < 1:
-                raise ValueError(f"bad task spec {text!r}: the item count after the second ':' must be >= 1")
-            n = int(count)
-        rest = name
+                raise ValueError(f"bad task spec {text!r}: the item count after the last ':' must be >= 1")
+            n, rest = int(count), name
     return TaskSpec(kind, rest, n)
 
 
@@ -108,6 +109,7 @@ class EvalContext:
     evalscope_bin: str = "evalscope"
     k: int = 4
     max_turns: int = 16
+    samples: int = 1
     force: bool = False
     log: Callable[[str], None] = lambda msg: None
     _backend: Any = field(default=None, repr=False)
@@ -264,34 +266,54 @@ def extract_answer(completion: str) -> str:
     return lines[-1] if lines else ""
 
 
+# Reasoning Gym has no "math" category; the paper's RG-Math is read here as its four math-flavoured
+# categories together. Every other category name is Reasoning Gym's own.
+RG_GROUPS = {"math": ("algebra", "arithmetic", "geometry", "probability")}
+
+
+def rg_category(entry: Any) -> str:
+    """A dataset's category exactly as ``ProceduralDataset.category`` derives it (its subpackage)."""
+    cls = entry[0] if isinstance(entry, tuple) else entry
+    parts = cls.__module__.split(".")
+    return parts[1] if len(parts) >= 3 else "other"
+
+
 def rg_datasets(name: str) -> list[str]:
-    """A Reasoning Gym dataset name, or a category (its datasets in name order)."""
+    """A Reasoning Gym dataset name, or ``category:NAME`` (or a bare category): its datasets by name."""
     from reasoning_gym.factory import DATASETS
 
     if name in DATASETS:
         return [name]
-    in_category = sorted(ds for ds, entry in DATASETS.items()
-                         if (entry[0] if isinstance(entry, tuple) else entry).__module__.split(".")[1] == name
-                         and ds != "composite")
+    category = name.removeprefix("category:")
+    wanted = RG_GROUPS.get(category, (category,))
+    in_category = sorted(ds for ds, entry in DATASETS.items() if rg_category(entry) in wanted and ds != "composite")
     if not in_category:
-        raise SpadeError(f"rg:{name}: not a Reasoning Gym dataset or category")
+        cats = sorted({rg_category(e) for e in DATASETS.values()} | set(RG_GROUPS))
+        raise SpadeError(f"rg:{name}: not a Reasoning Gym dataset or category (categories: {', '.join(cats)})")
     return in_category
 
 
-def rg_items(spec: TaskSpec, n: int, seed: int) -> list[tuple[str, dict, Any]]:
-    """(dataset name, item, dataset) for n items drawn round-robin over the spec's datasets."""
+def rg_items(spec: TaskSpec, n: int, seed: int, log: Callable[[str], None] = lambda m: None,
+             ) -> tuple[list[tuple[str, dict, Any]], dict[str, str]]:
+    """(dataset name, item, dataset) for n items drawn round-robin over the spec's datasets, and
+    the datasets of a category that could not be built here, with why (a single dataset that
+    cannot be built is an error)."""
     import reasoning_gym
 
     names = rg_datasets(spec.name)
     per = -(-n // len(names))
-    made = {}
+    made, skipped = {}, {}
     for ds_name in names:
         try:
             made[ds_name] = reasoning_gym.create_dataset(ds_name, size=per, seed=seed)
         except Exception as exc:  # noqa: BLE001 - a dataset needing absent data is named, not hidden
-            raise SpadeError(f"rg:{spec.name}: cannot build Reasoning Gym dataset {ds_name!r}: {exc}") from None
+            if len(names) == 1:
+                raise SpadeError(f"rg:{spec.name}: cannot build Reasoning Gym dataset {ds_name!r}: {exc}") from None
+            skipped[ds_name] = f"{type(exc).__name__}: {exc}"
+            log(f"rg:{spec.name}: dataset {ds_name} left out: {skipped[ds_name]}")
+    names = [ds for ds in names if ds in made]
     return [(names[i % len(names)], made[names[i % len(names)]][i // len(names)],
-             made[names[i % len(names)]]) for i in range(n)]
+             made[names[i % len(names)]]) for i in range(n)], skipped
 
 
 def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
@@ -306,6 +328,7 @@ def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    """Item scores averaged over ``--samples`` samples; for a category, also the mean per dataset."""
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
     from spade_cli.backends import Sampling, render_chat
@@ -313,27 +336,35 @@ def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     n = spec.n or ctx.limit or 50
     if ctx.limit:
         n = min(n, ctx.limit)
-    items = rg_items(spec, n, ctx.seed)
+    items, skipped = rg_items(spec, n, ctx.seed, ctx.log)
     backend = ctx.generator()
-    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or 1024, seed=ctx.seed)
+    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or RG_MAX_TOKENS, seed=ctx.seed)
     logs, scores = [], []
     for start in range(0, len(items), ctx.batch_size):
         batch = items[start:start + ctx.batch_size]
         prompts = [render_chat(backend.tokenizer, [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
                                                    {"role": "user", "content": item["question"]}])
                    for _, item, _ in batch]
-        outs = backend.generate(prompts, n=1, sampling=sampling)
-        for (ds_name, item, ds), [sample] in zip(batch, outs, strict=True):
-            answer = extract_answer(sample.text)
-            try:
-                score = float(ds.score_answer(answer, item))
-            except Exception:  # noqa: BLE001 - a scorer crashing on garbage text scores 0, as in rg
-                score = 0.0
-            scores.append(score)
-            logs.append({"dataset": ds_name, "question": item["question"], "gold": item["answer"],
-                         "completion": sample.text, "extracted": answer, "score": score})
+        outs = backend.generate(prompts, n=ctx.samples, sampling=sampling)
+        for (ds_name, item, ds), samples in zip(batch, outs, strict=True):
+            per_sample = []
+            for sample in samples:
+                answer = extract_answer(sample.text)
+                try:
+                    per_sample.append(float(ds.score_answer(answer, item)))
+                except Exception:  # noqa: BLE001 - a scorer crashing on garbage text scores 0, as in rg
+                    per_sample.append(0.0)
+                logs.append({"dataset": ds_name, "question": item["question"], "gold": item["answer"],
+                             "completion": sample.text, "extracted": answer, "score": per_sample[-1]})
+            scores.append(sum(per_sample) / len(per_sample))
         ctx.log(f"{spec.label}: {len(scores)}/{n} items, mean score {sum(scores) / len(scores):.3f}")
     write_jsonl(ctx.side_dir("rg", spec).with_suffix(".jsonl"), logs)
     value, stderr = mean_stderr(scores)
-    return [ctx.row(spec, "score", value, "reasoning-gym", stderr=stderr, n=len(scores),
-                    datasets=sorted({log["dataset"] for log in logs}))]
+    by_ds: dict[str, list[float]] = {}
+    for (ds_name, _, _), score in zip(items, scores, strict=True):
+        by_ds.setdefault(ds_name, []).append(score)
+    extra: dict[str, Any] = {"datasets": sorted(by_ds), "samples": ctx.samples}
+    if len(rg_datasets(spec.name)) > 1:
+        extra["per_dataset"] = {ds: sum(v) / len(v) for ds, v in sorted(by_ds.items())}
+        extra["skipped"] = skipped
+    return [ctx.row(spec, "score", value, "reasoning-gym", stderr=stderr, n=len(scores), **extra)]

@@ -46,6 +46,12 @@ from spade_cli.evaluators import (
 )
 from spade_cli.records import Eval, parse
 
+
+def run_bfcl(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    from spade_cli.eval_bfcl import run_bfcl as adapter  # bfcl-eval is imported only when asked for
+
+    return adapter(spec, ctx)
+
 PRESETS = {"paper": PAPER_PRESET}
 # Extra dataset arguments evalscope needs to match the paper's versions of its benchmarks.
 EVALSCOPE_DATASET_ARGS = {"live_code_bench": {"subset_list": ["release_v6"]}}
@@ -145,7 +151,7 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
 
 
 ADAPTERS: dict[str, Callable[[TaskSpec, EvalContext], list[Eval]]] = {
-    "lm": run_lm, "rg": run_rg, "envs": run_envs, "evalscope": run_evalscope,
+    "lm": run_lm, "rg": run_rg, "envs": run_envs, "bfcl": run_bfcl, "evalscope": run_evalscope,
 }
 
 
@@ -167,7 +173,7 @@ def resolve_tasks(tasks: str | list[str] | None, preset: str | None) -> list[Tas
 def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "hf", base_url: str | None = None,
         limit: int | None = None, batch_size: int = 8, max_tokens: int | None = None, temperature: float = 0.0,
         seed: int = 0, chat_template: bool = False, evalscope_bin: str = "evalscope", k: int = 4,
-        max_turns: int = 16, force: bool = False,
+        max_turns: int = 16, samples: int = 1, force: bool = False,
         config: dict | None = None, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Run every task spec not already in the partial output; returns the summary dict."""
     out = Path(out)
@@ -180,7 +186,7 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     cfg = config if config is not None else {
         "model": model, "tasks": [s.label for s in tasks], "backend": backend, "base_url": base_url,
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-        "chat_template": chat_template, "k": k, "max_turns": max_turns}
+        "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)
     if stage.check():
         rows = read_records(out, expect="spade.eval")
@@ -189,7 +195,8 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     finished = {r.extra.get("spec") for r in done}
     ctx = EvalContext(model=model, out=out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
                       max_tokens=max_tokens, temperature=temperature, seed=seed, chat_template=chat_template,
-                      evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, force=force, log=log)
+                      evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, samples=samples, force=force,
+                      log=log)
     rows = list(done)
     try:
         with stage.writer() as writer:

@@ -59,8 +59,8 @@ def eval_(
     model: Annotated[str | None, typer.Option("--model", help="Checkpoint directory, hub id, or the "
                                               "server's model name with --backend openai.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task specs: lm:<task or "
-                                              "YAML>, rg:<dataset or category>[:N], envs:<validated.jsonl>, "
-                                              "evalscope:<benchmark>.")] = None,
+                                              "YAML>, rg:<dataset>[:N], rg:category:<name>[:N], envs:<validated.jsonl>, "
+                                              "bfcl:multi_turn[:N], tau2:<domain>[:N], evalscope:<benchmark>.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output eval.jsonl (written atomically).",
                                              dir_okay=False)] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="A named task list: 'paper' (the paper's "
@@ -78,6 +78,8 @@ def eval_(
                                                 "model's chat template in lm-eval tasks.")] = False,
     evalscope_bin: Annotated[str, typer.Option("--evalscope-bin", help="The evalscope executable (it "
                                                "lives in its own environment).")] = "evalscope",
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per item for rg:, bfcl: and "
+                                         "tau2: tasks (the score averages them; use --temperature > 0).")] = 1,
     k: Annotated[int, typer.Option("--k", min=1, help="Episodes per env and side for envs: tasks.")] = 4,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap for envs: tasks.")] = 16,
     compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two eval "
@@ -87,10 +89,10 @@ def eval_(
     force: ForceOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Evaluate a checkpoint on lm-eval, Reasoning Gym, held-out env and evalscope tasks.
+    """Evaluate a checkpoint on lm-eval, Reasoning Gym, BFCL, tau2-bench, held-out env and evalscope tasks.
 
     Writes one spade.eval/1 row per (task, metric) to --out and keeps each harness's own result
-    files beside it (OUT.lm_eval/, OUT.rg/, OUT.evalscope/).
+    files beside it (OUT.lm_eval/, OUT.rg/, OUT.bfcl/, OUT.tau2/, OUT.evalscope/).
 
     Example: [bold]spade eval --model ckpt/tiny --tasks rg:basic_arithmetic:20,lm:spade_tiny_qa
     --out eval.jsonl[/]
@@ -120,7 +122,7 @@ def eval_(
     result = stage.run(model, specs, out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
                        max_tokens=max_tokens, temperature=temperature, seed=seed,
                        chat_template=chat_template or preset == "paper", evalscope_bin=evalscope_bin,
-                       k=k, max_turns=max_turns, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+                       k=k, max_turns=max_turns, samples=samples, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)
