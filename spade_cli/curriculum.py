@@ -170,8 +170,8 @@ def select_replay(memory: list[dict], iteration: int, k: int, exclude: set[str],
     Score = positive regret of the env's latest history entry; staleness = iterations since it was
     last played, counted from the next iteration. Envs without stored code cannot be replayed.
     """
-    cands = sorted((r for r in memory if r.get("code") and r["env_id"] not in exclude and r["history"]),
-                   key=lambda r: r["env_id"])
+    cands = sorted((r for r in memory if r.get("code") and r["env_id"] not in exclude and r["history"]
+                    and not r.get("flags")), key=lambda r: r["env_id"])  # a flagged env is never replayed
     scores, stale = [], []
     for r in cands:
         last = r["history"][-1]

@@ -93,7 +93,9 @@ def memory_summary(memory: list, k: int = 12, hint_chars: int = 120) -> str | No
     for m in memory:
         last = m.history[-1] if m.history else {}
         it = last.get("iteration", m.first_iteration)
-        lab = label(last.get("unhinted_mean"), last.get("hinted_mean"), last.get("regret"))
+        flags = (m.extra or {}).get("flags") or []
+        lab = ("flagged: " + ", ".join(flags) if flags  # its regret was bought, not earned
+               else label(last.get("unhinted_mean"), last.get("hinted_mean"), last.get("regret")))
         entries.append((it, abs(last.get("regret") or 0.0), m.env_id, m, last, lab))
     counts: dict[str, int] = {}
     for e in entries:

@@ -175,6 +175,8 @@ def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
         st["h" if hinted else "u"][pair].append(ret)
         if err is not None:
             st["h_err" if hinted else "u_err"] += 1
+        elif hinted and ret > st.get("best_ret", float("-inf")):  # where the audits find its actions
+            st["best_ret"], st["best_at"] = ret, (path, lineno)
 
     # Two reusable buffers, filled with readinto: no fresh 8 MB allocation (and its page faults) per
     # block, and the helper thread hashes one buffer while the next is read into the other.

@@ -107,6 +107,25 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
     return _kept(base, iteration)
 
 
+def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int) -> dict[str, dict]:
+    """``audits.seed_invariance`` for every valid env with a successful hinted episode."""
+    from spade_cli import audits
+
+    where = {e: st["best_at"] for e, st in per_env.items()
+             if e in valid and valid[e].code and st.get("best_ret", 0.0) >= audits.SOLVED}
+    actions = {e: a for e, a in audits.read_actions(where).items() if a}
+    if not actions:
+        return {}
+    from spade_cli.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
+
+    try:
+        with SandboxPool(SandboxConfig(tier="auto")) as pool:
+            return audits.seed_invariance({e: (valid[e].code, a) for e, a in actions.items()}, pool,
+                                          run_seed=0, k=k)
+    except SandboxUnavailable as exc:
+        raise SpadeError(f"the seed audit needs the sandbox ({exc}); pass --no-audit to skip it") from None
+
+
 # -- the stage -------------------------------------------------------------------------------------
 def _iteration_of(envs: list[Validation], given: int | None) -> int:
     seen = {r.iteration for r in envs}
@@ -120,7 +139,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         clip_negative: bool = False, invalid_reward: float = -1.0,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
-        embedding: str = "tfidf", force: bool = False) -> dict:
+        embedding: str = "tfidf", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
+        force: bool = False) -> dict:
     """Score one iteration; returns the summary dict (also stored in the manifest)."""
     t0 = time.time()
     if signal not in curriculum.SIGNALS:
@@ -157,7 +177,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "replay_out": str(replay_path) if replay_path else None,
               "replay_temperature": replay_temperature,
               "replay_staleness": replay_staleness, "embedding": embedding,
-              "memory_out": str(mem_out) if mem_out else None}
+              "memory_out": str(mem_out) if mem_out else None, "audit": audit, "audit_seeds": audit_seeds,
+              "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward}
     stage = Stage(STAGE, out, config, force=force, started=t0)
     stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
     if mem_path:
@@ -174,7 +195,14 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     played = {e: s for e, s in stats.items() if s["hinted_n"] or s["unhinted_n"]}
     replayed = {e: curriculum.env_stats(st, success_threshold) for e, st in per_env.items()
                 if e not in valid}
+    t_audit = time.time()
+    audited = _seed_audit(valid, per_env, audit_seeds) if audit else {}
+    flags = {e: ["seed_invariant"] for e, a in audited.items() if a["seed_invariant"]}
+    t_audit = time.time() - t_audit
     merged = merge_memory(mem_rows, it, {**played, **replayed}, valid)
+    for r in merged:  # a flagged env keeps its flags in memory: never replayed, never "learnable"
+        if r["env_id"] in flags:
+            r["flags"] = sorted({*r.get("flags", []), *flags[r["env_id"]]})
     # the unhinted success per iteration for ema_lp; merged holds every played env even without --memory
     history = {r["env_id"]: [h["unhinted_success"] for h in r["history"]
                              if h.get("unhinted_success") is not None] for r in merged}
@@ -186,6 +214,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         note = None
         if not rec.valid:
             reward, note = invalid_reward, f"invalid: {rec.reason or rec.parse_error or 'unknown'}"
+        elif rec.env_id in flags:
+            reward, note = config["flagged_reward"], f"flagged: {', '.join(flags[rec.env_id])}"
         else:
             s_hist = history.get(rec.env_id, [])
             reward = curriculum.designer_reward(signal, {**s, "success_history": s_hist}, clip_negative)
@@ -199,7 +229,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                       extra={"group_id": rec.group_id, "sample": rec.sample, "valid": rec.valid,
                              "paired": s["paired"], "unhinted_success": s["unhinted_success"],
                              "hinted_success": s["hinted_success"], "hinted_errors": s["hinted_errors"],
-                             "unhinted_errors": s["unhinted_errors"], "note": note})
+                             "unhinted_errors": s["unhinted_errors"], "note": note,
+                             "flags": flags.get(rec.env_id, []), "audit": audited.get(rec.env_id)})
         rows.append(to_row(score))
 
     from spade_cli import diversity
@@ -237,9 +268,11 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_out else None, "replay": len(picked),
                "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done),
+               "audited": len(audited), "flagged": {"seed_invariant": len(flags)},
                "warnings": warnings}
     stage.warnings.extend(warnings)
-    stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3)})
+    stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3),
+                          "audit_s": round(t_audit, 3)})
     stage.extra.update({"diversity": div, "side_outputs": side})
     summary["seconds"] = round(time.time() - t0, 3)
     stage.commit(len(rows), summary)

@@ -51,6 +51,12 @@ def regret(
         help="PLR rho: weight of the staleness distribution.")] = 0.1,
     embedding: Annotated[str, typer.Option(
         "--embedding", help="Diversity embedding: tfidf, minilm, or a local HF model directory.")] = "tfidf",
+    audit: Annotated[bool, typer.Option(
+        "--audit/--no-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
+        "solving most of them flags it seed_invariant.")] = True,
+    audit_seeds: Annotated[int, typer.Option("--audit-seeds", min=1, help="Seeds each audit replays.")] = 4,
+    flagged_reward: Annotated[float | None, typer.Option(
+        "--flagged-reward", help="designer_reward of a flagged env (default: --invalid-reward).")] = None,
     config: ConfigOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -72,7 +78,8 @@ def regret(
                         invalid_reward=invalid_reward, iteration=iteration,
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
-                        replay_staleness=replay_staleness, embedding=embedding, force=force)
+                        replay_staleness=replay_staleness, embedding=embedding, audit=audit,
+                        audit_seeds=audit_seeds, flagged_reward=flagged_reward, force=force)
     warnings = summary.get("warnings", [])
     for w in warnings[:5]:  # one per env without rollouts can be many: the manifest keeps them all
         console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)

@@ -116,3 +116,65 @@ def test_probe_replies_from_a_hint() -> None:
     assert all(len(replies) == 1 for _, replies in single["hint_is_answer"])
     multi = probes.policies("Type: open-sesame", single_shot=False)
     assert [name for name, _ in multi["hint_is_answer"]] == ["hint_is_answer:cycle"]
+
+
+ECHO = '''import gymnasium as gym
+class Echo(gym.Env):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(100, 1000))
+        return "Type %d" % self.n, {}
+    def step(self, action):
+        ok = action.strip() == str(self.n)
+        return "done", float(ok), True, False, {}
+'''
+
+
+def test_regret_flags_a_seed_invariant_solution(tmp_path: Path) -> None:
+    """Hinted episodes that win with the same actions on every seed: flagged, rewarded like an
+    invalid design, kept out of replay; a seed-dependent solution is not flagged."""
+    from spade_cli.records import Validation, to_row
+
+    hack_code = CASES["sequence_numbers"][1]
+    rows = [to_row(Validation(code=hack_code, hint=CASES["sequence_numbers"][0], title="hack", valid=True)),
+            to_row(Validation(code=ECHO, hint="Type the number you are shown.", title="echo", valid=True))]
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hack_id, echo_id = rows[0]["env_id"], rows[1]["env_id"]
+    eps = []
+    for env_id, actions in ((hack_id, [str(x) for x in SEQ]), (echo_id, ["437"])):
+        for pair in range(2):
+            for hinted in (False, True):
+                eps.append({"schema": "spade.rollout/1", "episode_id": f"{env_id}-{pair}-{int(hinted)}",
+                            "env_id": env_id, "iteration": 0, "hinted": hinted, "seed": 10 + pair, "pair": pair,
+                            "messages": [], "turns": [{"action": a, "observation": "o", "reward": 0.0}
+                                                      for a in (actions if hinted else ["?"])],
+                            "return": 1.0 if hinted else 0.0, "terminated": True, "truncated": False,
+                            "error": None, "tokens": None})
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    res = run_spade("regret", "--envs", tmp_path / "v.jsonl", "--rollouts", tmp_path / "r.jsonl",
+                    "--out", tmp_path / "s.jsonl", "--memory-out", tmp_path / "m.jsonl",
+                    "--replay", "2", "--replay-out", tmp_path / "replay.jsonl")
+    assert res.returncode == 0, res.stderr
+    scores = {json.loads(x)["env_id"]: json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()}
+    assert scores[hack_id]["flags"] == ["seed_invariant"] and scores[hack_id]["designer_reward"] == -1.0
+    assert scores[hack_id]["audit"]["solved"] == 4
+    assert scores[echo_id]["flags"] == [] and scores[echo_id]["designer_reward"] == 1.0
+    assert scores[echo_id]["audit"]["solved"] <= 1
+    memory = {json.loads(x)["env_id"]: json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()}
+    assert memory[hack_id]["flags"] == ["seed_invariant"] and not memory[echo_id].get("flags")
+    replayed = [json.loads(x)["env_id"] for x in (tmp_path / "replay.jsonl").read_text().splitlines()]
+    assert replayed == [echo_id]
+    assert json.loads(res.stdout)["flagged"] == {"seed_invariant": 1}
+
+
+@pytest.mark.unit
+def test_a_flagged_env_is_never_labelled_learnable() -> None:
+    from spade_cli.prompts import memory_summary
+    from spade_cli.records import parse
+
+    entry = {"iteration": 0, "unhinted_mean": 0.0, "hinted_mean": 1.0, "regret": 1.0}
+    rows = [parse({"schema": "spade.memory/1", "env_id": "a", "title": "hack", "history": [entry],
+                   "flags": ["seed_invariant"]}),
+            parse({"schema": "spade.memory/1", "env_id": "b", "title": "good", "history": [entry]})]
+    text = memory_summary(rows)
+    assert "[flagged: seed_invariant] hack" in text and "[learnable] good" in text

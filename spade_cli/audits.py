@@ -1,0 +1,106 @@
+"""Audits of the Designer's reward in `spade regret`: solutions that do not depend on the seed.
+
+Hint-regret rewards an env whose hinted episodes succeed where unhinted ones fail. If the hinted
+agent's winning actions also win on other seeds of the same env, the hint carried an answer
+that does not depend on the task instance (a password, a fixed answer sequence): the env is
+``seed_invariant``, and its regret measures copying, not learning. The audit runs on whatever
+rollouts it is given (spade's own, shards, rows written by another tool), with the sandbox and no
+model: for each env with a successful hinted episode, the recorded actions of its best one are
+replayed on ``k`` other seeds, each in a fresh confined process; if they solve at least
+``min_share`` of them, the env is flagged.
+
+Cost: ``k`` replay episodes per env with a successful hinted episode (no generation). It
+catches answers that are the same for every seed, whatever form they take (validate's probes catch
+those that can be read off the hint). It misses answers that vary with the seed in a way the hint
+still gives away (a hint that depends on the seed is not possible: the hint is one string per env),
+and solutions that are general strategies (which is what a good env wants: a general strategy
+replayed as fixed actions rarely solves another seed, since the observations differ).
+
+    flags = seed_invariance({"3f2a...": (code, ["17", "4", "99"])}, pool, run_seed=0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import msgspec
+
+from spade_cli.artifacts import open_input
+
+AUDIT_ITERATION = -2  # replay seeds come from episode_seed in an iteration of their own
+SOLVED = 0.8          # a return at least this high is a success (validate's `trivial` threshold)
+
+
+class _Turn(msgspec.Struct):
+    action: str = ""
+
+
+class _Row(msgspec.Struct):
+    env_id: str
+    turns: list[_Turn] = []
+
+
+def read_actions(locations: dict[str, tuple[Path, int]]) -> dict[str, list[str]]:
+    """The actions of the episode at each ``(path, line)``, keyed by env id (one pass per file)."""
+    by_file: dict[Path, dict[int, str]] = {}
+    for env_id, (path, lineno) in locations.items():
+        by_file.setdefault(Path(path), {})[lineno] = env_id
+    dec = msgspec.json.Decoder(_Row)
+    out: dict[str, list[str]] = {}
+    for path, wanted in by_file.items():
+        with open_input(path) as fh:
+            for lineno, raw in enumerate(fh, 1):
+                env_id = wanted.get(lineno)
+                if env_id is not None:
+                    row = dec.decode(raw)
+                    out[env_id] = [t.action for t in row.turns]
+                    if len(out) == len(locations):
+                        break
+    return out
+
+
+def replay_seed(run_seed: int, env_id: str, i: int) -> int:
+    from spade_cli.episodes import episode_seed
+
+    return episode_seed(run_seed, AUDIT_ITERATION, env_id, i)
+
+
+def replay(worker, name: str, seed: int, actions: list[str]) -> float:
+    """Return of one episode that plays ``actions`` in order (stopping when the env ends)."""
+    worker.reset(name, seed)
+    total = 0.0
+    try:
+        for a in actions:
+            _obs, r, term, trunc, _info = worker.step(name, a)
+            total += r
+            if term or trunc:
+                break
+    finally:
+        worker.close_episode(name)
+    return total
+
+
+def seed_invariance(solutions: dict[str, tuple[str, list[str]]], pool, *, run_seed: int, k: int = 4,
+                    min_share: float = 0.75) -> dict[str, dict]:
+    """Per env: the replay's figures and whether they make it ``seed_invariant``."""
+    from spade_cli.sandbox import EnvError
+
+    out: dict[str, dict] = {}
+    for env_id, (code, actions) in sorted(solutions.items()):
+        solved = 0
+        tag = hashlib.sha256(env_id.encode()).hexdigest()[:8]
+        try:
+            w = pool.open(code, env_id)
+            try:
+                for i in range(k):
+                    solved += replay(w, f"audit-{tag}-{i}", replay_seed(run_seed, env_id, i), actions) >= SOLVED
+            finally:
+                w.close()
+            error = None
+        except EnvError as err:  # an env that breaks under its own recorded actions is not flagged here
+            error = err.reason
+        share = solved / k
+        out[env_id] = {"audit": "seed_replay", "replays": k, "solved": solved, "actions": len(actions),
+                       "error": error, "seed_invariant": error is None and share >= min_share}
+    return out
