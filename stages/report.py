@@ -40,7 +40,7 @@ from spade_cli.artifacts import atomic_write_text, manifest_path, read_rows
 from spade_cli.layout import RunLayout
 from spade_cli.records import Design, Eval, Rollout, Score, Validation
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def _mean(values: list[float]) -> float | None:
@@ -83,15 +83,24 @@ def _rollouts(paths: list[Path]) -> dict:
             "episode_errors": dict(errors.most_common())}
 
 
+TOP_ENVS = 5  # per iteration, in top_regret.csv
+
+
 def _scores(path: Path) -> dict:
-    regrets, rewards = [], []
+    regrets, rewards, top = [], [], []
+    flagged: Counter[str] = Counter()
     for _, _, rec in read_rows(path, expect="spade.score"):
         assert isinstance(rec, Score)
         if rec.regret is not None:
             regrets.append(rec.regret)
+            top.append({"env_id": rec.env_id, "regret": rec.regret, "designer_reward": rec.designer_reward,
+                        "flags": ",".join(rec.extra.get("flags") or [])})
         rewards.append(rec.designer_reward)
+        flagged.update(rec.extra.get("flags") or [])
+    top.sort(key=lambda r: (-r["regret"], r["env_id"]))
     out: dict[str, Any] = {"scored_envs": len(rewards), "regret_mean": _mean(regrets),
-                           "designer_reward_mean": _mean(rewards)}
+                           "designer_reward_mean": _mean(rewards), "flagged": dict(flagged.most_common()),
+                           "top_regret": top[:TOP_ENVS]}
     mpath = manifest_path(path)
     if mpath.exists():
         try:
@@ -206,7 +215,7 @@ def columns_of(rows: list[dict]) -> list[str]:
     """Fixed columns first (in pipeline order), then update and eval columns as they appear."""
     fixed = ["iteration", "designs", "parse_errors", "validated", "valid", "valid_rate", "invalid_reasons",
              "episodes", "unhinted_mean", "hinted_mean", "episode_errors", "scored_envs", "regret_mean",
-             "designer_reward_mean", "vendi", "vendi_per_n"]
+             "designer_reward_mean", "flagged", "vendi", "vendi_per_n"]
     seen = {k for row in rows for k in row}
     rest = sorted(k for k in seen if k not in fixed)
     return [c for c in fixed if c in seen or c == "iteration"] + [c for c in rest if c.startswith("update.")] + \
@@ -225,6 +234,10 @@ def run(run_dir: str | Path, plots: bool = True) -> dict:
         raise SpadeError(f"{run_dir}: no iter_XXXX directories, eval files or checkpoints: is this a run directory?")
     out_dir = layout.report_dir
     rows = [iteration_row(layout, i, out_dir / ".cache") for i in its]
+    # the highest-regret envs of each iteration with their audit flags: where a bought reward shows
+    top = [{"iteration": r["iteration"], **t} for r in rows for t in r.pop("top_regret", [])]
+    atomic_write_text(out_dir / "top_regret.csv",
+                      to_csv(top, ["iteration", "env_id", "regret", "designer_reward", "flags"]))
     columns = columns_of(rows)
     atomic_write_text(out_dir / "iterations.csv", to_csv(rows, columns))
     atomic_write_text(out_dir / "iterations.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
@@ -233,6 +246,7 @@ def run(run_dir: str | Path, plots: bool = True) -> dict:
         written = write_plots(rows, out_dir)
     return {"status": "ok", "run_dir": str(layout.root), "iterations": len(rows), "first": its[0], "last": its[-1],
             "csv": str(out_dir / "iterations.csv"), "jsonl": str(out_dir / "iterations.jsonl"),
+            "top_regret": str(out_dir / "top_regret.csv"),
             "plots": [str(p) for p in written], "columns": columns, "rows": rows}
 
 

@@ -61,7 +61,8 @@ def run_dir(tmp_path: Path) -> Path:
     _jsonl(it0 / "rollouts.shard-01-of-02.jsonl", [_ep("b", False, 0, 0.25), _ep("b", False, 1, 0.25),
                                                    _ep("b", True, 0, 1.0), _ep("b", True, 1, 0.5, "step_timeout")])
     # Regrets 0.5 and 0.5 -> mean 0.5; rewards 0.5, 0.5, 0 -> mean 1/3; a null regret is left out.
-    _jsonl(it0 / "scores.jsonl", [_score("a", 0.5, 0.5), _score("b", 0.5, 0.5), _score("c", None, 0.0)])
+    _jsonl(it0 / "scores.jsonl", [_score("a", 0.5, 0.5), {**_score("b", 0.5, 0.5), "flags": ["seed_invariant"]},
+                                  _score("c", None, 0.0)])
     (it0 / "scores.jsonl.manifest.json").write_text(json.dumps(
         {"stage": "regret", "summary": {"vendi": 1.5, "vendi_per_n": 0.75}}))
     upd = root / "ckpt" / "iter_0001" / "update.json"
@@ -96,7 +97,9 @@ def test_report_tables_and_plots_hold_hand_computed_values(run_dir: Path) -> Non
     assert (r0["designs"], r0["parse_errors"], r0["validated"], r0["valid"]) == ("4", "1", "4", "2")
     assert float(r0["valid_rate"]) == 0.5
     assert r0["invalid_reasons"] in ("trivial:1;no_code:1", "no_code:1;trivial:1")
-    assert r0["episodes"] == "8"
+    assert r0["episodes"] == "8" and r0["flagged"] == "seed_invariant:1"
+    top = list(csv.DictReader((run_dir / "report" / "top_regret.csv").open()))
+    assert [(t["iteration"], t["env_id"], t["flags"]) for t in top] == [("0", "a", ""), ("0", "b", "seed_invariant")]
     assert float(r0["unhinted_mean"]) == pytest.approx(0.25)
     assert float(r0["hinted_mean"]) == pytest.approx(0.75)
     assert r0["episode_errors"] == "step_timeout:1"
