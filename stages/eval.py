@@ -52,6 +52,12 @@ def run_bfcl(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
 
     return adapter(spec, ctx)
 
+
+def run_tau2(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
+    from spade_cli.eval_tau2 import run_tau2 as adapter  # tau2 and LiteLLM are imported only when asked for
+
+    return adapter(spec, ctx)
+
 PRESETS = {"paper": PAPER_PRESET}
 # Extra dataset arguments evalscope needs to match the paper's versions of its benchmarks.
 EVALSCOPE_DATASET_ARGS = {"live_code_bench": {"subset_list": ["release_v6"]}}
@@ -151,7 +157,8 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
 
 
 ADAPTERS: dict[str, Callable[[TaskSpec, EvalContext], list[Eval]]] = {
-    "lm": run_lm, "rg": run_rg, "envs": run_envs, "bfcl": run_bfcl, "evalscope": run_evalscope,
+    "lm": run_lm, "rg": run_rg, "envs": run_envs, "bfcl": run_bfcl, "tau2": run_tau2,
+    "evalscope": run_evalscope,
 }
 
 
@@ -173,7 +180,8 @@ def resolve_tasks(tasks: str | list[str] | None, preset: str | None) -> list[Tas
 def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "hf", base_url: str | None = None,
         limit: int | None = None, batch_size: int = 8, max_tokens: int | None = None, temperature: float = 0.0,
         seed: int = 0, chat_template: bool = False, evalscope_bin: str = "evalscope", k: int = 4,
-        max_turns: int = 16, samples: int = 1, force: bool = False,
+        max_turns: int = 16, samples: int = 1, user_base_url: str | None = None, user_model: str | None = None,
+        user_temperature: float = 0.0, user_max_tokens: int | None = None, max_steps: int = 100, force: bool = False,
         config: dict | None = None, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Run every task spec not already in the partial output; returns the summary dict."""
     out = Path(out)
@@ -186,7 +194,9 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     cfg = config if config is not None else {
         "model": model, "tasks": [s.label for s in tasks], "backend": backend, "base_url": base_url,
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-        "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples}
+        "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples,
+        "user_base_url": user_base_url, "user_model": user_model, "user_temperature": user_temperature,
+        "user_max_tokens": user_max_tokens, "max_steps": max_steps}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)
     if stage.check():
         rows = read_records(out, expect="spade.eval")
@@ -195,8 +205,9 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     finished = {r.extra.get("spec") for r in done}
     ctx = EvalContext(model=model, out=out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
                       max_tokens=max_tokens, temperature=temperature, seed=seed, chat_template=chat_template,
-                      evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, samples=samples, force=force,
-                      log=log)
+                      evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, samples=samples, user_base_url=user_base_url,
+                      user_model=user_model, user_temperature=user_temperature, user_max_tokens=user_max_tokens,
+                      max_steps=max_steps, force=force, log=log)
     rows = list(done)
     try:
         with stage.writer() as writer:

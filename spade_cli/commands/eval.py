@@ -80,6 +80,15 @@ def eval_(
                                                "lives in its own environment).")] = "evalscope",
     samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per item for rg:, bfcl: and "
                                          "tau2: tasks (the score averages them; use --temperature > 0).")] = 1,
+    user_base_url: Annotated[str | None, typer.Option("--user-base-url", help="tau2: the user simulator's "
+                                                      "OpenAI-compatible server, e.g. http://127.0.0.1:8001/v1.")] = None,
+    user_model: Annotated[str | None, typer.Option("--user-model", help="tau2: the model name that server "
+                                                   "knows.")] = None,
+    user_temperature: Annotated[float, typer.Option("--user-temperature", min=0.0, help="tau2: the user "
+                                                    "simulator's temperature.")] = 0.0,
+    user_max_tokens: Annotated[int | None, typer.Option("--user-max-tokens", min=1, help="tau2: cap per user "
+                                                        "reply (default: the server's).")] = None,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="tau2: messages per conversation.")] = 100,
     k: Annotated[int, typer.Option("--k", min=1, help="Episodes per env and side for envs: tasks.")] = 4,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap for envs: tasks.")] = 16,
     compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two eval "
@@ -116,13 +125,18 @@ def eval_(
         raise typer.BadParameter(str(exc), param_hint="--tasks") from None
     if any(s.kind == "evalscope" for s in specs) and not base_url:
         raise typer.BadParameter("evalscope: tasks need an OpenAI-compatible server", param_hint="--base-url")
+    if any(s.kind == "tau2" for s in specs) and not (user_base_url and user_model):
+        raise typer.BadParameter("tau2: tasks need a user simulator (an OpenAI-compatible server)",
+                                 param_hint="--user-base-url and --user-model")
     cfg = resolved_config(ctx)
     cfg.pop("compare", None)
     cfg.pop("evalscope_bin", None)
     result = stage.run(model, specs, out, backend=backend, base_url=base_url, limit=limit, batch_size=batch_size,
                        max_tokens=max_tokens, temperature=temperature, seed=seed,
                        chat_template=chat_template or preset == "paper", evalscope_bin=evalscope_bin,
-                       k=k, max_turns=max_turns, samples=samples, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+                       k=k, max_turns=max_turns, samples=samples,
+                       user_base_url=user_base_url, user_model=user_model, user_temperature=user_temperature,
+                       user_max_tokens=user_max_tokens, max_steps=max_steps, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)
