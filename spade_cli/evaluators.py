@@ -5,12 +5,15 @@ A task spec is ``kind:name[:N]``:
 - ``lm:<task>`` runs an lm-evaluation-harness task through ``lm_eval.simple_evaluate`` (a built-in
   name such as ``aime25``, or a path to a task YAML or a folder of them). lm-eval's own results
   JSON and per-sample logs are kept in ``OUT.lm_eval/<task>/``.
-- ``rg:<dataset or category>[:N]`` generates N Reasoning Gym items with the run seed, prompts the
+- ``rg:<dataset>[:N]`` or ``rg:category:<name>[:N]`` generates N Reasoning Gym items with the run seed
+  (a category's round-robin over the datasets Reasoning Gym files under it), prompts the
   model through spade's own backends with Reasoning Gym's default system prompt, extracts the
   answer (the last ``<answer>…</answer>`` after any ``</think>``, else the last non-empty line)
   and scores it with the dataset's own ``score_answer``. Per-item logs go to ``OUT.rg/``.
 - ``envs:<validated.jsonl>`` plays a held-out environment suite without the hint through the
   rollout stage and reports the mean unhinted return.
+- ``bfcl:multi_turn[:N]`` and ``tau2:<domain>[:N]``: BFCL v4 multi-turn and tau2-bench from their
+  own packages (``spade_cli.eval_bfcl``, ``spade_cli.eval_tau2``).
 - ``evalscope:<benchmark>`` runs an evalscope benchmark (``bfcl_v4``, ``acebench``,
   ``tau2_bench``, ``live_code_bench``) as a subprocess against an OpenAI-compatible server and
   reads its report JSON from ``OUT.evalscope/<benchmark>/``.

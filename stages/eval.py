@@ -1,10 +1,10 @@
 """`spade eval`: score a checkpoint on held-out tasks and write one spade.eval/1 row per metric.
 
 Inputs: a checkpoint (a Hugging Face directory or, with ``--backend openai``, the model name a
-server knows) and a list of task specs (``lm:``, ``rg:``, ``envs:``, ``evalscope:``; see
-``spade_cli.evaluators``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
+server knows) and a list of task specs (``lm:``, ``rg:``, ``envs:``, ``bfcl:``, ``tau2:``,
+``evalscope:``; see ``spade_cli.evaluators``, ``spade_cli.eval_bfcl``, ``spade_cli.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
 model, backend, harness}``, plus each harness's own files beside it (``eval.jsonl.lm_eval/``,
-``eval.jsonl.rg/``, ``eval.jsonl.evalscope/``).
+``eval.jsonl.rg/``, ``eval.jsonl.bfcl/``, ``eval.jsonl.tau2/``, ``eval.jsonl.evalscope/``).
 
 The unit of resumption is one task spec: its rows are appended to the partial output only once
 the whole task has finished, so a run killed during the third task redoes only that task.
@@ -14,8 +14,9 @@ The ``lm:`` and ``rg:`` adapters live in ``spade_cli.evaluators``; the ``evalsco
 subprocess against an OpenAI-compatible server) and the ``envs:`` adapter (the rollout core) are
 here, with ``ADAPTERS``, the registry from spec kind to adapter.
 
-Compared with the paper: the paper reports pass@1 over several samples on AIME; here each item is
-sampled once per run (greedy by default) and the standard error is that of the item mean.
+Compared with the paper: the paper reports pass@1 averaged over several samples per item; here
+``--samples`` (default 1, greedy) sets that for ``rg:``, ``bfcl:`` and ``tau2:``, and the
+standard error is that of the item mean.
 
     spade eval --model runs/demo/ckpt/iter_0002 --tasks rg:basic_arithmetic:20,lm:spade_tiny_qa \\
         --out runs/demo/eval/iter_0002.jsonl --limit 20
