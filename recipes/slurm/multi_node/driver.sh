@@ -16,9 +16,12 @@ for ((i = 0; i < ITERS; i++)); do
   ckpt="$(p ckpt)"; ((i == 0)) && ckpt="$MODEL"
   [[ -f "$(p next_ckpt).manifest.json" ]] && continue   # iteration complete
   # design + validate on a GPU node through vLLM (short jobs), waiting for completion
+  # the memory of this iteration (absent in iteration 0; never changed once written, so a rerun of
+  # any stage of this iteration sees the inputs of its first run)
+  mem=(); [[ -f "$(p memory)" ]] && mem=(--memory "$(p memory)")
   srun --gpus=1 --time=01:00:00 spade design --model "$ckpt" --backend vllm --n "$N_ENVS" --iteration "$i" \
-    --seed "$SEED" --out "$(p designs)" $( [[ -f "$(p memory)" ]] && echo --memory "$(p memory)" )
-  spade validate --designs "$(p designs)" --out "$(p validated)"
+    --seed "$SEED" --out "$(p designs)" "${mem[@]}"
+  spade validate --designs "$(p designs)" --out "$(p validated)" "${mem[@]}"
   serve=$(sbatch --parsable --nodes="$SERVE_NODES" --export=ALL,CKPT="$ckpt",RUN="$RUN" "$HERE/serve.sbatch")
   fleet_ready() {
     [[ -s "$RUN/servers.txt" ]] || return 1
@@ -35,7 +38,7 @@ for ((i = 0; i < ITERS; i++)); do
     "$HERE/rollout_array.sbatch")
   scancel "$serve"
   spade regret --envs "$(p validated)" --rollouts "$(p rollouts_glob)" --out "$(p scores)" \
-    --memory "$(p memory)" --iteration "$i"
+    "${mem[@]}" --memory-out "$(p next_memory)" --iteration "$i"
   sbatch --wait --nodes="$UPDATE_NODES" --export=ALL,RUN="$RUN",ITER="$i",MODEL="$MODEL" "$HERE/update.sbatch"
   echo "== iteration $i done (rollout array $arr)" >&2
 done
