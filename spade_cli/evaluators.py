@@ -118,6 +118,7 @@ class EvalContext:
     user_temperature: float = 0.0
     user_max_tokens: int | None = None
     max_steps: int = 100  # tau2: messages per conversation (tau2's own default)
+    data_dir: str | None = None  # lm: paper tasks read their local files here instead of the hub
     force: bool = False
     log: Callable[[str], None] = lambda msg: None
     _backend: Any = field(default=None, repr=False)
@@ -155,15 +156,47 @@ def finite(x: Any) -> float | None:
 
 # -- lm-eval -----------------------------------------------------------------------------------
 
-def _local_task(spec: TaskSpec) -> tuple[list[Any], str | None]:
+PAPER_TASKS = PACKAGED_TASKS / "paper"
+# Local files by suffix -> the datasets builder that reads them.
+_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def paper_task(path: Path, data_dir: str | Path | None, repeats: int | None = None) -> dict:
+    """One of spade's paper tasks as an lm-eval config dict (``!function`` tags resolved).
+
+    With ``data_dir`` the hub dataset is swapped for the files named in the task's
+    ``metadata.local_files`` under that folder (the hub schema, read by the matching builder);
+    ``repeats`` (samples per item) replaces the task's own."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    cfg = load_yaml(path, resolve_func=True)
+    local = (cfg.get("metadata") or {}).get("local_files") or {}
+    if data_dir is not None and local:
+        files = {split: str(Path(data_dir) / name) for split, name in local.items()}
+        missing = [f for f in files.values() if not Path(f).exists()]
+        if missing:
+            raise SpadeError(f"lm:{cfg['task']}: --data-dir has no {', '.join(missing)}")
+        cfg["dataset_path"] = _BUILDERS.get(Path(next(iter(local.values()))).suffix, "json")
+        cfg.pop("dataset_name", None)
+        cfg["dataset_kwargs"] = {"data_files": files}
+    if repeats:
+        cfg["repeats"] = repeats
+    return cfg
+
+
+def _local_task(spec: TaskSpec, data_dir: str | Path | None = None, repeats: int | None = None,
+                ) -> tuple[list[Any], str | None]:
     """The tasks argument for a YAML/dir spec (or a bundled task name) and the include path.
 
     A YAML that loads as plain data is passed to lm-eval as a dict with its relative
     ``data_files`` made absolute against the YAML's folder, so it runs from any working
     directory; other YAMLs (with ``!function`` tags) go through ``include_path`` unchanged.
+    spade's paper tasks (``spade_aime25``, ...) go through ``paper_task``.
     """
     import yaml
 
+    if (PAPER_TASKS / f"{spec.name}.yaml").exists():
+        return [paper_task(PAPER_TASKS / f"{spec.name}.yaml", data_dir, repeats)], None
     path = Path(spec.name)
     if not path.exists() and (PACKAGED_TASKS / f"{spec.name}.yaml").exists():
         path = PACKAGED_TASKS / f"{spec.name}.yaml"
@@ -231,7 +264,7 @@ def run_lm(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
         from lm_eval.tasks import TaskManager
     except ImportError as exc:
         raise SpadeError(f"lm-eval is not installed here: {exc}") from None
-    tasks, include = _local_task(spec)
+    tasks, include = _local_task(spec, ctx.data_dir, ctx.samples if ctx.samples > 1 else None)
     model, model_args = _lm_model(ctx)
     chat = ctx.chat_template or ctx.backend == "openai"
     ctx.log(f"lm-eval {spec.label}: model={model} limit={ctx.limit} chat_template={chat}")

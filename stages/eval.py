@@ -182,7 +182,8 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         limit: int | None = None, batch_size: int = 8, max_tokens: int | None = None, temperature: float = 0.0,
         seed: int = 0, chat_template: bool = False, evalscope_bin: str = "evalscope", k: int = 4,
         max_turns: int = 16, samples: int = 1, user_base_url: str | None = None, user_model: str | None = None,
-        user_temperature: float = 0.0, user_max_tokens: int | None = None, max_steps: int = 100, force: bool = False,
+        user_temperature: float = 0.0, user_max_tokens: int | None = None, max_steps: int = 100, data_dir: str | None = None,
+        force: bool = False,
         config: dict | None = None, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Run every task spec not already in the partial output; returns the summary dict."""
     out = Path(out)
@@ -197,7 +198,7 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
         "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples,
         "user_base_url": user_base_url, "user_model": user_model, "user_temperature": user_temperature,
-        "user_max_tokens": user_max_tokens, "max_steps": max_steps}
+        "user_max_tokens": user_max_tokens, "max_steps": max_steps, "data_dir": data_dir}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)
     if stage.check():
         rows = read_records(out, expect="spade.eval")
@@ -208,7 +209,7 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
                       max_tokens=max_tokens, temperature=temperature, seed=seed, chat_template=chat_template,
                       evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, samples=samples, user_base_url=user_base_url,
                       user_model=user_model, user_temperature=user_temperature, user_max_tokens=user_max_tokens,
-                      max_steps=max_steps, force=force, log=log)
+                      max_steps=max_steps, data_dir=data_dir, force=force, log=log)
     rows = list(done)
     try:
         with stage.writer() as writer:

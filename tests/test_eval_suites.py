@@ -243,3 +243,71 @@ def test_tau2_airline_end_to_end_tiny_agent_and_transformers_serve_user(tiny_mod
 def test_tau2_needs_a_user_simulator(tmp_path: Path) -> None:
     proc = run_spade("eval", "--model", "m", "--tasks", "tau2:airline:1", "--out", tmp_path / "e.jsonl")
     assert proc.returncode == 2 and "--user-base-url" in proc.stderr
+
+
+# -- the paper's lm-eval tasks on local files ----------------------------------------------------
+
+PAPER_DATA = Path(__file__).parent / "data" / "paper_eval"
+
+
+@pytest.mark.unit
+def test_paper_tasks_read_the_hub_by_default_and_local_files_with_data_dir() -> None:
+    from spade_cli.evaluators import PAPER_TASKS, paper_task
+
+    hub = paper_task(PAPER_TASKS / "spade_aime25.yaml", None)
+    assert hub["dataset_path"] == "math-ai/aime25" and "dataset_kwargs" not in hub
+    assert callable(hub["process_results"])  # lm-eval's !function tags resolved
+    gpqa = paper_task(PAPER_TASKS / "spade_gpqa_diamond.yaml", PAPER_DATA, repeats=4)
+    assert gpqa["dataset_path"] == "csv" and "dataset_name" not in gpqa and gpqa["repeats"] == 4
+    assert gpqa["dataset_kwargs"]["data_files"] == {"train": str(PAPER_DATA / "gpqa_diamond.csv")}
+    with pytest.raises(Exception, match="aime26.jsonl"):
+        paper_task(PAPER_TASKS / "spade_aime26.yaml", PAPER_DATA.parent)
+
+
+@pytest.mark.unit
+def test_paper_task_scorers_on_their_fixtures() -> None:
+    import importlib.util
+
+    from spade_cli.evaluators import PAPER_TASKS
+
+    spec = importlib.util.spec_from_file_location("paper_utils", PAPER_TASKS / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    aime = [json.loads(line) for line in (PAPER_DATA / "aime26.jsonl").read_text().splitlines()]
+    # Integer answers (AIME 2026's schema) match a boxed string; the item score averages its samples.
+    assert utils.aime_results(aime[1], ["<think>\\boxed{7}</think> so \\boxed{24}", "\\boxed{23}"]) == {"exact_match": 0.5}
+    import datasets
+
+    rows = datasets.load_dataset("csv", data_files={"train": str(PAPER_DATA / "gpqa_diamond.csv")})["train"]
+    docs = utils.gpqa_process_docs(rows)
+    assert all(d["choices"][ord(d["answer"][1]) - 65] == d["Correct Answer"] for d in docs)
+
+
+@pytest.mark.integration
+def test_livecodebench_programs_are_judged_in_the_sandbox() -> None:
+    from spade_cli import lcb
+
+    stdin_item, leetcode_item = [json.loads(line) for line in (PAPER_DATA / "lcb_v6.jsonl").read_text().splitlines()]
+    assert len(lcb.tests(stdin_item)) == 2  # the private test decoded from base64 + zlib + pickle
+    assert "starter code" in lcb.prompt(leetcode_item) and "stdin" in lcb.prompt(stdin_item)
+    right = "<think>sum</think>```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    assert lcb.score(stdin_item, right) == 1.0
+    assert lcb.score(stdin_item, "```python\nprint(3)\n```") == 0.0  # passes the public test only
+    assert lcb.score(leetcode_item, "```python\nclass Solution:\n    def double(self, n):\n        return 2 * n\n```") == 1.0
+    assert lcb.score(leetcode_item, "no code at all") == 0.0
+
+
+@pytest.mark.integration
+def test_paper_lm_tasks_run_on_their_fixtures_with_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    proc = run_spade("eval", "--model", tiny_model, "--tasks",
+                     "lm:spade_aime26,lm:spade_gpqa_diamond,lm:spade_lcb_v6",
+                     "--data-dir", PAPER_DATA, "--out", out, "--limit", "2", "--max-tokens", "8", cwd=tmp_path,
+                     env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    got = {(r["task"], r["metric"]): r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(got) == {("lm:spade_aime26", "exact_match"), ("lm:spade_gpqa_diamond", "exact_match,boxed"),
+                        ("lm:spade_lcb_v6", "pass@1")}
+    assert all(r["n"] == 2 and r["harness"] == "lm-eval" for r in got.values())
+    samples = Path(f"{out}.lm_eval") / "spade_aime26" / "samples_spade_aime26.jsonl"
+    assert [json.loads(line)["doc"]["problem_idx"] for line in samples.read_text().splitlines()] == [1, 2]

@@ -89,6 +89,10 @@ def eval_(
     user_max_tokens: Annotated[int | None, typer.Option("--user-max-tokens", min=1, help="tau2: cap per user "
                                                         "reply (default: the server's).")] = None,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="tau2: messages per conversation.")] = 100,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Local copies of the paper's datasets "
+                                                  "(aime25.jsonl, aime26.jsonl, gpqa_diamond.csv, lcb_v6.jsonl) "
+                                                  "for lm:spade_* tasks, instead of the hub.", exists=True,
+                                                  file_okay=False)] = None,
     k: Annotated[int, typer.Option("--k", min=1, help="Episodes per env and side for envs: tasks.")] = 4,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap for envs: tasks.")] = 16,
     compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two eval "
@@ -136,7 +140,8 @@ def eval_(
                        chat_template=chat_template or preset == "paper", evalscope_bin=evalscope_bin,
                        k=k, max_turns=max_turns, samples=samples,
                        user_base_url=user_base_url, user_model=user_model, user_temperature=user_temperature,
-                       user_max_tokens=user_max_tokens, max_steps=max_steps, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+                       user_max_tokens=user_max_tokens, max_steps=max_steps,
+                       data_dir=str(data_dir) if data_dir else None, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)
