@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from spade_cli.evaluators import (
     TaskSpec,
     finite,
     mean_stderr,
+    parse_spec,
     parse_specs,
     run_lm,
     run_rg,
@@ -165,14 +167,14 @@ ADAPTERS: dict[str, Callable[[TaskSpec, EvalContext], list[Eval]]] = {
 
 def resolve_tasks(tasks: str | list[str] | None, preset: str | None) -> list[TaskSpec]:
     """The preset's specs followed by the explicit ones; ValueError when there are none."""
-    texts: list[str] = []
+    specs: list[TaskSpec] = []
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        texts.extend(PRESETS[preset])
+        specs = [replace(parse_spec(text), settings=tuple(sorted(cfg.items())))
+                 for text, cfg in PRESETS[preset].items()]
     if tasks:
-        texts.extend([tasks] if isinstance(tasks, str) else tasks)
-    specs = parse_specs(texts)
+        specs += [s for s in parse_specs([tasks] if isinstance(tasks, str) else tasks) if s not in specs]
     if not specs:
         raise ValueError("give --tasks or --preset")
     return specs
@@ -218,7 +220,9 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
                     log(f"{spec.label}: already done, skipped")
                     continue
                 t0 = time.perf_counter()
-                got = ADAPTERS[spec.kind](spec, ctx)
+                sctx = with_settings(ctx, spec)
+                got = ADAPTERS[spec.kind](spec, sctx)
+                ctx._backend = sctx._backend  # a backend a preset's copy loaded is shared and closed once
                 for row in got:
                     writer.write(row)
                 rows.extend(got)
@@ -228,6 +232,17 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     result = summary(rows, out, status="ok")
     stage.commit(len(rows), {k: v for k, v in result.items() if k != "status"})
     return result
+
+
+def with_settings(ctx: EvalContext, spec: TaskSpec) -> EvalContext:
+    """The context a preset's spec runs under: its samples, temperature and token cap
+    (``--max-tokens``, when given, caps the preset's: a quick look at the whole suite)."""
+    if not spec.settings:
+        return ctx
+    cfg = dict(spec.settings)
+    if ctx.max_tokens and cfg.get("max_tokens"):
+        cfg["max_tokens"] = min(cfg["max_tokens"], ctx.max_tokens)
+    return replace(ctx, **cfg)
 
 
 def summary(rows: list[Eval], out: Path, status: str) -> dict:

@@ -311,3 +311,18 @@ def test_paper_lm_tasks_run_on_their_fixtures_with_the_tiny_model(tiny_model: Pa
     assert all(r["n"] == 2 and r["harness"] == "lm-eval" for r in got.values())
     samples = Path(f"{out}.lm_eval") / "spade_aime26" / "samples_spade_aime26.jsonl"
     assert [json.loads(line)["doc"]["problem_idx"] for line in samples.read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.unit
+def test_paper_preset_lists_the_suite_with_its_sampling_settings(tmp_path: Path) -> None:
+    from stages.eval import resolve_tasks, with_settings
+
+    specs = {s.label: s for s in resolve_tasks(None, "paper")}
+    assert {"lm:spade_aime25", "lm:spade_aime26", "lm:spade_gpqa_diamond", "lm:spade_lcb_v6", "bfcl:multi_turn",
+            "tau2:airline", "tau2:retail", "tau2:telecom", "rg:category:math:200"} <= set(specs)
+    ctx = EvalContext(model="m", out=tmp_path / "e.jsonl", max_tokens=64)
+    aime = with_settings(ctx, specs["lm:spade_aime26"])
+    assert (aime.samples, aime.temperature, aime.max_tokens) == (16, 0.6, 64)  # --max-tokens caps the preset
+    assert with_settings(ctx, parse_spec("rg:leg_counting:3")) is ctx  # explicit specs keep the flags
+    # An explicit spec equal to a preset one is not run twice.
+    assert [s.label for s in resolve_tasks("bfcl:multi_turn", "paper")].count("bfcl:multi_turn") == 1

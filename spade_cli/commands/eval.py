@@ -64,7 +64,8 @@ def eval_(
     out: Annotated[Path | None, typer.Option("--out", help="Output eval.jsonl (written atomically).",
                                              dir_okay=False)] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="A named task list: 'paper' (the paper's "
-                                               "held-out benchmarks; implies --chat-template).")] = None,
+                                               "held-out suite with its per-benchmark samples, temperature and "
+                                               "max tokens; implies --chat-template).")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N items per task.")] = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
@@ -72,8 +73,8 @@ def eval_(
                                             "(lm-eval batch size; concurrent requests for openai).")] = 8,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Generation cap per item "
                                                    "(default: the task's own; 1024 for rg:).")] = None,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature for rg: "
-                                               "and evalscope: tasks (0 = greedy).")] = 0.0,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature for rg:, "
+                                               "bfcl:, tau2:, lm: and evalscope: tasks (0 = greedy).")] = 0.0,
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Apply the "
                                                 "model's chat template in lm-eval tasks.")] = False,
     evalscope_bin: Annotated[str, typer.Option("--evalscope-bin", help="The evalscope executable (it "
