@@ -18,7 +18,8 @@ A task spec is ``kind:name[:N]``:
   ``tau2_bench``, ``live_code_bench``) as a subprocess against an OpenAI-compatible server and
   reads its report JSON from ``OUT.evalscope/<benchmark>/``.
 
-The ``evalscope:`` and ``envs:`` adapters live in ``stages/eval.py`` beside the registry that maps
+The ``rg:`` adapter lives in ``spade_cli.eval_rg`` (re-exported here); the ``evalscope:`` and
+``envs:`` adapters live in ``stages/eval.py`` beside the registry that maps
 kinds to adapters. Every adapter returns ``spade.eval/1`` rows, one per (task, metric). The tiny model in the tests
 scores near zero everywhere; the point there is that the real harnesses run end to end offline.
 """
@@ -38,8 +39,6 @@ from spade_cli.records import Eval
 
 KINDS = ("lm", "rg", "envs", "bfcl", "tau2", "evalscope")
 PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
-# Room for a thinking model's reasoning before its <answer> (1024 cut most Qwen3 answers off).
-RG_MAX_TOKENS = 8192
 # The paper's held-out suite (DESIGN §1) with a sampling setting per benchmark: samples per item
 # (the score is pass@1 averaged over them), temperature, max new tokens. The settings are the
 # Qwen3 thinking-mode ones (temperature 0.6, 32k tokens; 16 samples on the 30-problem AIME sets,
@@ -313,72 +312,6 @@ def run_lm(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     return lm_rows(spec, ctx, results)
 
 
-# -- Reasoning Gym -----------------------------------------------------------------------------
-
-_THINK_END = "</think>"
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-
-
-def extract_answer(completion: str) -> str:
-    """The last <answer>…</answer> after any reasoning block, else the last non-empty line."""
-    text = completion.rsplit(_THINK_END, 1)[-1]
-    found = _ANSWER.findall(text)
-    if found:
-        return found[-1].strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-# Reasoning Gym has no "math" category; the paper's RG-Math is read here as its four math-flavoured
-# categories together. Every other category name is Reasoning Gym's own.
-RG_GROUPS = {"math": ("algebra", "arithmetic", "geometry", "probability")}
-
-
-def rg_category(entry: Any) -> str:
-    """A dataset's category exactly as ``ProceduralDataset.category`` derives it (its subpackage)."""
-    cls = entry[0] if isinstance(entry, tuple) else entry
-    parts = cls.__module__.split(".")
-    return parts[1] if len(parts) >= 3 else "other"
-
-
-def rg_datasets(name: str) -> list[str]:
-    """A Reasoning Gym dataset name, or ``category:NAME`` (or a bare category): its datasets by name."""
-    from reasoning_gym.factory import DATASETS
-
-    if name in DATASETS:
-        return [name]
-    category = name.removeprefix("category:")
-    wanted = RG_GROUPS.get(category, (category,))
-    in_category = sorted(ds for ds, entry in DATASETS.items() if rg_category(entry) in wanted and ds != "composite")
-    if not in_category:
-        cats = sorted({rg_category(e) for e in DATASETS.values()} | set(RG_GROUPS))
-        raise SpadeError(f"rg:{name}: not a Reasoning Gym dataset or category (categories: {', '.join(cats)})")
-    return in_category
-
-
-def rg_items(spec: TaskSpec, n: int, seed: int, log: Callable[[str], None] = lambda m: None,
-             ) -> tuple[list[tuple[str, dict, Any]], dict[str, str]]:
-    """(dataset name, item, dataset) for n items drawn round-robin over the spec's datasets, and
-    the datasets of a category that could not be built here, with why (a single dataset that
-    cannot be built is an error)."""
-    import reasoning_gym
-
-    names = rg_datasets(spec.name)
-    per = -(-n // len(names))
-    made, skipped = {}, {}
-    for ds_name in names:
-        try:
-            made[ds_name] = reasoning_gym.create_dataset(ds_name, size=per, seed=seed)
-        except Exception as exc:  # noqa: BLE001 - a dataset needing absent data is named, not hidden
-            if len(names) == 1:
-                raise SpadeError(f"rg:{spec.name}: cannot build Reasoning Gym dataset {ds_name!r}: {exc}") from None
-            skipped[ds_name] = f"{type(exc).__name__}: {exc}"
-            log(f"rg:{spec.name}: dataset {ds_name} left out: {skipped[ds_name]}")
-    names = [ds for ds in names if ds in made]
-    return [(names[i % len(names)], made[names[i % len(names)]][i // len(names)],
-             made[names[i % len(names)]]) for i in range(n)], skipped
-
-
 def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and standard error of the mean (sample std / sqrt(n)); stderr None below 2 values."""
     if not values:
@@ -390,44 +323,14 @@ def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
     return m, math.sqrt(var / len(values))
 
 
-def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
-    """Item scores averaged over ``--samples`` samples; for a category, also the mean per dataset."""
-    from reasoning_gym.utils import SYSTEM_PROMPTS
+# Reasoning Gym lives in spade_cli.eval_rg; its names stay importable from here.
+from spade_cli.eval_rg import (  # noqa: E402
+    RG_GROUPS,
+    extract_answer,
+    rg_category,
+    rg_datasets,
+    rg_items,
+    run_rg,
+)
 
-    from spade_cli.backends import Sampling, render_chat
-
-    n = spec.n or ctx.limit or 50
-    if ctx.limit:
-        n = min(n, ctx.limit)
-    items, skipped = rg_items(spec, n, ctx.seed, ctx.log)
-    backend = ctx.generator()
-    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or RG_MAX_TOKENS, seed=ctx.seed)
-    logs, scores = [], []
-    for start in range(0, len(items), ctx.batch_size):
-        batch = items[start:start + ctx.batch_size]
-        prompts = [render_chat(backend.tokenizer, [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
-                                                   {"role": "user", "content": item["question"]}])
-                   for _, item, _ in batch]
-        outs = backend.generate(prompts, n=ctx.samples, sampling=sampling)
-        for (ds_name, item, ds), samples in zip(batch, outs, strict=True):
-            per_sample = []
-            for sample in samples:
-                answer = extract_answer(sample.text)
-                try:
-                    per_sample.append(float(ds.score_answer(answer, item)))
-                except Exception:  # noqa: BLE001 - a scorer crashing on garbage text scores 0, as in rg
-                    per_sample.append(0.0)
-                logs.append({"dataset": ds_name, "question": item["question"], "gold": item["answer"],
-                             "completion": sample.text, "extracted": answer, "score": per_sample[-1]})
-            scores.append(sum(per_sample) / len(per_sample))
-        ctx.log(f"{spec.label}: {len(scores)}/{n} items, mean score {sum(scores) / len(scores):.3f}")
-    write_jsonl(ctx.side_dir("rg", spec).with_suffix(".jsonl"), logs)
-    value, stderr = mean_stderr(scores)
-    by_ds: dict[str, list[float]] = {}
-    for (ds_name, _, _), score in zip(items, scores, strict=True):
-        by_ds.setdefault(ds_name, []).append(score)
-    extra: dict[str, Any] = {"datasets": sorted(by_ds), "samples": ctx.samples}
-    if len(rg_datasets(spec.name)) > 1:
-        extra["per_dataset"] = {ds: sum(v) / len(v) for ds, v in sorted(by_ds.items())}
-        extra["skipped"] = skipped
-    return [ctx.row(spec, "score", value, "reasoning-gym", stderr=stderr, n=len(scores), **extra)]
+__all__ = ["RG_GROUPS", "extract_answer", "rg_category", "rg_datasets", "rg_items", "run_rg"]
