@@ -79,8 +79,8 @@ def eval_(
                                                 "model's chat template in lm-eval tasks.")] = False,
     evalscope_bin: Annotated[str, typer.Option("--evalscope-bin", help="The evalscope executable (it "
                                                "lives in its own environment).")] = "evalscope",
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per item for rg:, bfcl: and "
-                                         "tau2: tasks (the score averages them; use --temperature > 0).")] = 1,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per item for rg:, bfcl:, tau2: and lm:spade_* "
+                                         "tasks (the score averages them; use --temperature > 0).")] = 1,
     user_base_url: Annotated[str | None, typer.Option("--user-base-url", help="tau2: the user simulator's "
                                                       "OpenAI-compatible server, e.g. http://127.0.0.1:8001/v1.")] = None,
     user_model: Annotated[str | None, typer.Option("--user-model", help="tau2: the model name that server "
