@@ -195,6 +195,9 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     suites = [spec.name for spec in tasks if spec.kind == "envs"]
     if suites:
         inputs["envs"] = expand_inputs(suites)  # names a missing suite file before any work
+    if data_dir and any(p.is_file() for p in Path(data_dir).iterdir()):
+        # Local benchmark files are hashed like any input: an edited copy is a different eval.
+        inputs["data"] = sorted(p for p in Path(data_dir).iterdir() if p.is_file())
     cfg = config if config is not None else {
         "model": model, "tasks": [s.label for s in tasks], "backend": backend, "base_url": base_url,
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
