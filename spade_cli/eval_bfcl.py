@@ -18,8 +18,9 @@ id order. Everything BFCL-specific is imported from ``bfcl_eval`` rather than co
 The model is prompted, not given native tools ("prompting" mode in BFCL's terms), so hf, vllm
 and openai backends all see the same rendered chat. Output: one ``accuracy`` row per category,
 plus ``OUT.bfcl/<spec>.jsonl`` with one line per entry (BFCL's result lists and the checker's
-verdict). Entries run one at a time (each step needs the previous step's tool output), so the
-vllm backend is not batched across entries here.
+verdict). Each step waits on the previous step's tool output, so batching comes from running
+entries side by side: with the openai backend (a server batches concurrent requests) up to
+``--batch-size`` entries play at once in threads; hf and vllm play them one after another.
 
     spade eval --model ckpt --tasks bfcl:multi_turn --backend vllm --max-tokens 4096 --out e.jsonl
 """
@@ -32,6 +33,7 @@ import os
 import re
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, write_jsonl
@@ -163,26 +165,31 @@ def check_entry(handler: Any, result: Any, entry: dict, truth: list[list[str]], 
     return verdict
 
 
-def _forget_instances(mt_utils: Any, run_name: str) -> None:
-    # BFCL keeps each entry's backend instances in its module globals under the model name, so a
-    # second sample of the same entry in this process would resume the first one's file system.
-    prefix = re.sub(r"[-./:]", "_", run_name)
-    for key in [k for k in vars(mt_utils) if k.startswith(prefix)]:
-        del vars(mt_utils)[key]
+def _forget_instances(mt_utils: Any, run_name: str, entry_id: str) -> None:
+    # BFCL keeps each entry's backend instances in its module globals under the model name and
+    # the entry id, so a second sample of the same entry in this process would resume the first
+    # one's file system. Only this entry's keys go: other entries may be running in other threads.
+    prefix, tag = re.sub(r"[-./:]", "_", run_name), "_" + re.sub(r"[-./:]", "_", entry_id) + "_"
+    for key in [k for k in list(vars(mt_utils)) if k.startswith(prefix) and tag in k]:
+        vars(mt_utils).pop(key, None)
 
 
 def play_entry(backend: Any, sampling: Any, entry: dict, truth: list[list[str]], category: str, *,
-               run_name: str, seed: int) -> dict:
-    """One BFCL entry played by ``backend`` and judged by BFCL's checker: the per-item log line."""
+               run_name: str, seed: int, quiet: bool = True) -> dict:
+    """One BFCL entry played by ``backend`` and judged by BFCL's checker: the per-item log line.
+
+    BFCL prints every step to stdout, where spade keeps only its summary line: ``quiet`` sends it
+    to /dev/null (a caller running entries in threads does that once around all of them)."""
     _, _, _, _, mt_utils = _import_bfcl()
     handler = make_handler(backend, sampling, run_name, seed=seed)
     try:
-        # BFCL prints every step to stdout; spade's stdout carries only the summary line.
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        with contextlib.ExitStack() as stack:
+            if quiet:
+                stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
             result, meta = handler.inference(copy.deepcopy(entry), include_input_log=False, exclude_state_log=True)
             verdict = check_entry(handler, result, entry, truth, category)
     finally:
-        _forget_instances(mt_utils, run_name)
+        _forget_instances(mt_utils, run_name, entry["id"])
     return {"id": entry["id"], "category": category, "valid": bool(verdict.pop("valid")), "verdict": verdict,
             "result": result, "ground_truth": truth, "reasoning_content": meta.get("reasoning_content")}
 
@@ -201,15 +208,26 @@ def run_bfcl(spec: Any, ctx: Any) -> list[Eval]:
     for category in categories(spec.name):
         entries = utils.load_dataset_entry(category)[:n]
         truths = {t["id"]: t["ground_truth"] for t in utils.load_ground_truth_entry(category)}
+        jobs = [(entry, j, truths[entry["id"]], category) for entry in entries for j in range(ctx.samples)]
+
+        def play(job: tuple[dict, int, list, str]) -> dict:
+            entry, j, truth, cat = job
+            log = play_entry(backend, sampling, entry, truth, cat, run_name=f"spade_{j}",
+                             seed=sample_seed(f"{ctx.seed}|{entry['id']}", j), quiet=False)  # type: ignore[arg-type]
+            return {**log, "sample": j}
+
+        # A backend that takes concurrent calls (openai: a server batches them) plays entries in
+        # threads, up to --batch-size at once; the others play them one after another.
+        workers = ctx.batch_size if getattr(backend, "continuous", False) else 1
         scores = []
-        for entry in entries:
-            for j in range(ctx.samples):
-                log = play_entry(backend, sampling, entry, truths[entry["id"]], category, run_name=f"spade_{j}",
-                                 seed=sample_seed(f"{ctx.seed}|{entry['id']}", j))  # type: ignore[arg-type]
-                logs.append({**log, "sample": j})
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), \
+                ThreadPoolExecutor(max_workers=workers) as pool:
+            for log in pool.map(play, jobs):
+                logs.append(log)
                 scores.append(1.0 if log["valid"] else 0.0)
-            ctx.log(f"{spec.label}: {category} {len(scores)}/{len(entries) * ctx.samples}, "
-                    f"accuracy {sum(scores) / len(scores):.3f}")
+                if len(scores) % 10 == 0 or len(scores) == len(jobs):
+                    ctx.log(f"{spec.label}: {category} {len(scores)}/{len(jobs)}, "
+                            f"accuracy {sum(scores) / len(scores):.3f}")
         value, stderr = mean_stderr(scores)
         rows.append(ctx.row(spec, "accuracy", value, "bfcl-eval", stderr=stderr, n=len(scores),
                             task=f"bfcl:{category}", samples=ctx.samples))

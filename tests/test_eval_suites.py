@@ -326,3 +326,39 @@ def test_paper_preset_lists_the_suite_with_its_sampling_settings(tmp_path: Path)
     assert with_settings(ctx, parse_spec("rg:leg_counting:3")) is ctx  # explicit specs keep the flags
     # An explicit spec equal to a preset one is not run twice.
     assert [s.label for s in resolve_tasks("bfcl:multi_turn", "paper")].count("bfcl:multi_turn") == 1
+
+
+@pytest.mark.integration
+def test_bfcl_entries_play_side_by_side_on_a_backend_that_takes_concurrent_calls(tmp_path: Path) -> None:
+    """Two ground-truth replays in threads (as with the openai backend): each entry keeps its own
+    BFCL instances, so both still score 1.0, and the calls did overlap."""
+    utils = _bfcl()
+    from spade_cli.eval_bfcl import run_bfcl
+
+    entries = utils.load_dataset_entry("multi_turn_base")[:3]
+    truths = {t["id"]: t["ground_truth"] for t in utils.load_ground_truth_entry("multi_turn_base")}
+    scripts = {e["question"][0][0]["content"]: _replay(truths[e["id"]]) for e in entries}
+    tok = FakeBackend("x").tokenizer
+
+    def reply(prompt: list[int]) -> str:  # which entry, and how many replies it has had so far
+        text = tok.decode(prompt)
+        [script] = [s for q, s in scripts.items() if q in text]
+        return script[text.count("<assistant>") - 1]
+
+    class Concurrent(FakeBackend):
+        continuous = True
+
+        def _samples(self, prompts, n, sampling, seeds):  # noqa: ANN001, ANN202
+            from spade_cli.backends import GenSample
+
+            return [[GenSample(token_ids=[1], text=reply(p), logprobs=None, finish_reason="stop")] for p in prompts]
+
+    backend = Concurrent("x", rendezvous=2)  # calls wait (10 s at most) until two are in flight
+    ctx = EvalContext(model="x", out=tmp_path / "e.jsonl", batch_size=2, max_tokens=4096)
+    ctx._backend = backend
+    [row] = run_bfcl(parse_spec("bfcl:multi_turn_base:3"), ctx)
+    logs = [json.loads(line) for line in Path(f"{ctx.out}.bfcl/multi_turn_base_3.jsonl").read_text().splitlines()]
+    assert [log["id"] for log in logs] == [e["id"] for e in entries]  # BFCL's order, whatever finished first
+    # Entry 0's ground truth has a positional argument, which BFCL's prompting decoder drops.
+    assert [log["valid"] for log in logs] == [False, True, True] and row.value == pytest.approx(2 / 3)
+    assert backend.max_in_flight == 2
