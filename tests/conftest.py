@@ -44,4 +44,9 @@ def run_spade(*args: str, cwd: Path | None = None, env: dict | None = None, time
               ) -> subprocess.CompletedProcess:
     """The real console entry point in a subprocess: exit codes, stdout and stderr as a user sees them."""
     return subprocess.run([sys.executable, "-m", "spade_cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
+                          text=True, cwd=cwd, env={**os.environ, **WIDE, **(env or {})}, timeout=timeout)
+
+
+# rich wraps an error panel at the terminal width, and a tmp path's length depends on how pytest
+# runs (a worker's dir is longer): tests that read a message read it unwrapped.
+WIDE = {"COLUMNS": "400"}

@@ -74,11 +74,15 @@ def test_hf_batch_size_splits_rows_into_calls(tiny_model):
 def test_hf_logprobs_match_float32_recomputation(hf, reference, temperature, top_p):
     prompts = _prompts(hf.tokenizer)
     out = hf.generate(prompts, n=2, sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=32, seed=7))
+    # A token whose cumulative mass sits at top_p can fall inside the nucleus in one computation and
+    # outside in another (summation order, threads, KV cache vs a full pass): its mass then moves the
+    # normaliser. So a token's log-prob must match the nucleus cut at top_p or one cut within 1e-3.
+    cuts = [top_p] if top_p >= 1.0 else [top_p, top_p - 1e-3, top_p + 1e-3]
     worst = 0.0
     for prompt, group in zip(prompts, out, strict=True):
         for s in group:
-            expected = _recompute(reference, prompt, s, temperature, top_p)
-            worst = max(worst, max(abs(a - b) for a, b in zip(s.logprobs, expected, strict=True)))
+            refs = [_recompute(reference, prompt, s, temperature, cut) for cut in cuts]
+            worst = max(worst, max(min(abs(a - r[i]) for r in refs) for i, a in enumerate(s.logprobs)))
     assert worst < 1e-3, f"max |logprob - recomputed| = {worst}"
 
 
