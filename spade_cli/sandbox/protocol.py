@@ -223,18 +223,6 @@ class FrameReader:
         del self.buf[:HEADER.size + size]
         return body
 
-    def unasked(self) -> bool:
-        """Whether bytes arrived that no request asked for (checked before each request)."""
-        if self.buf:
-            return True
-        try:
-            data = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return False
-        if data:
-            self.buf += data
-        return bool(data)
-
     def read(self, deadline: float) -> bytes:
         """One frame's body, or FrameError when the deadline (``time.monotonic``) passes first."""
         while True:
