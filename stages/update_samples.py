@@ -93,7 +93,7 @@ def _resolve(cfg: UpdateConfig, role: str, path: Path, line: int, params: dict, 
         why = "the sampler correction is off" if not cfg.importance_sampling else "the row has no sampler log-probs"
         raise InputError(path, line, f"sampled with top-p {top_p} / top-k {top_k}, and {why}: the trainer's "
                                      "full-distribution log-probs are another policy. Train with the sampler "
-                                     "correction on (--importance-sampling, the default) on rows with "
+                                     "correction on (--tis, the default) on rows with "
                                      "log-probs, or sample with --top-p 1")
     return temperature
 

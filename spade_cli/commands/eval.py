@@ -58,9 +58,10 @@ def eval_(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option("--model", help="Checkpoint directory, hub id, or the "
                                               "server's model name with --backend openai.")] = None,
-    tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task specs: lm:<task or "
-                                              "YAML>, rg:<dataset>[:N], rg:category:<name>[:N], envs:<validated.jsonl>, "
-                                              "bfcl:multi_turn[:N], tau2:<domain>[:N], evalscope:<benchmark>.")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task specs: lm:TASK "
+                                              "(a name or YAML), rg:DATASET[:N], rg:category:NAME[:N], "
+                                              "envs:FILE, bfcl:multi_turn[:N], tau2:DOMAIN[:N], "
+                                              "evalscope:NAME.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output eval.jsonl (written atomically).",
                                              dir_okay=False)] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="A named task list: 'paper' (the paper's "
@@ -82,7 +83,7 @@ def eval_(
     samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per item for rg:, bfcl:, tau2: and lm:spade_* "
                                          "tasks (the score averages them; use --temperature > 0).")] = 1,
     user_base_url: Annotated[str | None, typer.Option("--user-base-url", help="tau2: the user simulator's "
-                                                      "OpenAI-compatible server, e.g. http://127.0.0.1:8001/v1.")] = None,
+                                                      "OpenAI-compatible server (its /v1 URL).")] = None,
     user_model: Annotated[str | None, typer.Option("--user-model", help="tau2: the model name that server "
                                                    "knows.")] = None,
     user_temperature: Annotated[float, typer.Option("--user-temperature", min=0.0, help="tau2: the user "

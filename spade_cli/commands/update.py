@@ -41,7 +41,7 @@ def update(
     importance_sampling_level: Annotated[str, _opt("--importance-sampling-level", "token or sequence (GSPO).")]
     = "token",
     importance_sampling: Annotated[bool, _opt(
-        "--importance-sampling/--no-importance-sampling",
+        "--tis/--no-tis",
         "Correct for the sampler with its stored log-probs (TIS).", _SAMPLER)] = True,
     tis_mode: Annotated[str, _opt("--tis-mode", "token_truncate, token_mask, sequence_truncate or "
                                   "sequence_mask (TRL's names).", _SAMPLER)] = "token_truncate",
