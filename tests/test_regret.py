@@ -9,9 +9,9 @@ import math
 import pytest
 
 from spade_cli import curriculum
+from spade_cli import rollout_scan as scan
 from spade_cli.artifacts import InputError
 from spade_cli.records import Validation
-from spade_cli import rollout_scan as scan
 from stages import regret as stage
 
 pytestmark = pytest.mark.unit
