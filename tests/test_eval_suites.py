@@ -61,6 +61,7 @@ def test_bfcl_ground_truth_replayed_through_spades_handler_scores_one() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # minutes of CPU: CI's second tier (.ci/run)
 def test_bfcl_multi_turn_base_end_to_end_with_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     _bfcl()
     out = tmp_path / "eval.jsonl"
@@ -219,6 +220,7 @@ def test_tau2_reply_parsing() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # minutes of CPU: CI's second tier (.ci/run)
 def test_tau2_airline_end_to_end_tiny_agent_and_transformers_serve_user(tiny_model: Path, serve, tmp_path: Path) -> None:  # noqa: ANN001, F811
     _tau2()
     out = tmp_path / "eval.jsonl"

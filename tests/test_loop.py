@@ -137,15 +137,14 @@ def _artifacts(cwd: Path) -> dict:
     return out
 
 
-# The default tier kills the default loop where the original failures were (after regret moved
-# the memory, and in the middle of an update); the whole matrix, every stage boundary and mid-stage
-# point of three configs, is the `slow` tier that CI runs after the default one (.ci/run).
+# "quick" kills the default loop where the original failures were (after regret moved the memory,
+# and in the middle of an update); "all" is every stage boundary and mid-stage point of three configs.
 QUICK = {"default": [SCORES, MID_UPDATE]}
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("config,kills", [("default", "quick"), *[
-    pytest.param(c, "all", marks=pytest.mark.slow) for c in CONFIGS]])
+@pytest.mark.slow  # the whole loop twice or more: CI's second tier (.ci/run); tests/test_preempt.py is quick
+@pytest.mark.parametrize("config,kills", [("default", "quick"), *[(c, "all") for c in CONFIGS]])
 def test_a_loop_killed_anywhere_resumes_to_the_artifacts_of_an_uninterrupted_run(tiny_model, tmp_path, config,
                                                                                    kills):
     env = _env(tiny_model, CONFIGS[config])

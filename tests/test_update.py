@@ -240,6 +240,7 @@ def test_cli_usage_errors_exit_2(tiny_model: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # minutes of CPU: CI's second tier (.ci/run)
 def test_two_processes_match_one(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
     """torchrun with 2 CPU processes (gloo) x 2 sequences gives the same update as 1 process x 4:
     the plan, the token normaliser and the gradient averaging line up across processes."""
