@@ -307,20 +307,24 @@ def test_the_env_sees_no_episode_id_or_stage(tier_pool) -> None:  # noqa: F811
     assert seen[0] == seen[1] == seen[2]  # nothing on the stack differs between episodes or stages
 
 
+def _rollout(tmp_path: Path, tiny_model, code: str, hint: str, k: int) -> tuple[list[dict], Path]:
+    """`spade rollout` (fake backend) of one env given as valid: its rows and the output path."""
+    row = {"schema": "spade.validation/1", "code": code, "hint": hint, "valid": True, "reason": None,
+           "checks": [], "stats": {}}
+    envs, out = tmp_path / "v.jsonl", tmp_path / "r.jsonl"
+    envs.write_text(json.dumps(row) + "\n")
+    res = run_spade("rollout", "--model", tiny_model, "--backend", "fake", "--envs", envs, "--k", str(k),
+                    "--out", out, "--max-turns", "2", "--max-new-tokens", "4")
+    assert res.returncode == 0, res.stderr
+    return [json.loads(x) for x in out.read_text().splitlines()], out
+
+
 def test_a_reset_counting_env_earns_no_regret(tmp_path: Path, tiny_model) -> None:
     """Pays only at the second start of a seed: with shared processes that was the hinted episode."""
     code = env("obs = 'paid' if RESETS[self.seed] >= 2 else 'no'", top=STATE,
                reset="self.seed = seed\nRESETS[seed] = RESETS.get(seed, 0) + 1")
     code = code.replace("return obs, 0.0, self.t >= 3", "return obs, (1.0 if obs == 'paid' else 0.0), True")
-    row = {"schema": "spade.validation/1", "code": code, "hint": "some hint text", "valid": True,
-           "reason": None, "checks": [], "stats": {}}
-    envs = tmp_path / "v.jsonl"
-    envs.write_text(json.dumps(row) + "\n")
-    out = tmp_path / "r.jsonl"
-    res = run_spade("rollout", "--model", tiny_model, "--backend", "fake", "--envs", envs, "--k", "3",
-                    "--out", out, "--max-turns", "2", "--max-new-tokens", "4")
-    assert res.returncode == 0, res.stderr
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    rows, _ = _rollout(tmp_path, tiny_model, code, "some hint text", k=3)
     assert len(rows) == 6 and {r["return"] for r in rows} == {0.0} and all(r["error"] is None for r in rows)
 
 
@@ -329,15 +333,7 @@ def test_a_reset_counting_env_earns_no_regret(tmp_path: Path, tiny_model) -> Non
 def test_rollout_catches_a_case_changed_hint(tmp_path: Path, tiny_model) -> None:
     hint = "Press the red lever twice"
     code = env("obs = 'note: ' + HINT.upper()", top=f"HINT = {hint!r}")
-    row = {"schema": "spade.validation/1", "code": code, "hint": hint, "valid": True, "reason": None,
-           "checks": [], "stats": {}}
-    envs = tmp_path / "v.jsonl"
-    envs.write_text(json.dumps(row) + "\n")
-    out = tmp_path / "r.jsonl"
-    res = run_spade("rollout", "--model", tiny_model, "--backend", "fake", "--envs", envs, "--k", "2",
-                    "--out", out, "--max-turns", "2", "--max-new-tokens", "4")
-    assert res.returncode == 0, res.stderr
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    rows, out = _rollout(tmp_path, tiny_model, code, hint, k=2)
     assert {r["error"] for r in rows} == {"hint_leak"}
     assert hint.upper() not in out.read_text()  # withheld from the record too
     # and validate, whose seeds are drawn like rollout's, rejects the same env
