@@ -20,9 +20,22 @@
   ``info["scorer"]`` says which. Items whose gold answer does not score 1 after the JSON round
   trip are left out at design time, so every embedded item is solvable.
 
-Selection is reproducible and order-independent: a folder or JSONL pool is ranked by
-``sha256(env_id | seed | iteration)`` and the first ``n`` are taken without replacement (a pool
-smaller than ``n`` is taken whole, since duplicate environments would only duplicate episodes).
+Selection is reproducible and order-independent, and always yields ``n`` environments, so that a
+fixed-pool baseline plays as many Agent episodes per iteration as the Designer's arms (the budget
+rule of the comparison). A folder or JSONL pool of P distinct environments is dealt in passes: each
+pass is a fresh ranking of the whole pool by ``sha256(env_id | seed | iteration | pass)`` (pass 0
+is ``env_id | seed | iteration``), and passes are taken in order until ``n`` are dealt. So the
+first P are drawn without replacement, and with ``n = q*P + r`` every environment appears q or
+q+1 times: cycling, not sampling with replacement, which could leave an environment out while
+playing another three times.
+
+An environment dealt a second time cannot enter an iteration under the same ``env_id``: validate
+would reject it as a ``duplicate``, rollout would play it once, and regret and the memory key by
+``env_id``. Its copy ``c`` (the pass number) therefore gets one line appended to its code,
+``SPADE_POOL_COPY = c``: the environment behaves exactly as the original, but its content id
+differs, so its episodes get other env seeds (an episode's seed derives from the ``env_id``) and
+it is scored and remembered as an environment of its own. Pass 0 leaves the code untouched, so a
+pool at least as large as ``n`` gives the same rows as it always did.
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL}
 def pool_path(spec: str) -> Path:
     """A pool folder or file from a spec: ``bundled``, ``starter`` or a path."""
     return NAMED_POOLS.get(spec, Path(spec))
+
+
 RG_ITEMS = 8
 
 
@@ -87,15 +102,33 @@ def load_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def _rank(env_id: str, seed: int, iteration: int) -> str:
-    return hashlib.sha256(f"{env_id}|{seed}|{iteration}".encode()).hexdigest()
+def _rank(env_id: str, seed: int, iteration: int, deal: int = 0) -> str:
+    key = f"{env_id}|{seed}|{iteration}" + (f"|{deal}" if deal else "")
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# Appended to the code of a repeated environment: a statement, not a comment, so that a duplicate
+# check which normalises formatting and comments still tells the copy from the original.
+COPY_LINE = "\n\nSPADE_POOL_COPY = {copy}  # the same environment dealt again: another env_id, other seeds\n"
+
+
+def as_copy(env: dict, copy: int) -> dict:
+    """Copy ``copy`` (>= 1) of a pool environment: same behaviour, its own env_id and seeds."""
+    return {**env, "code": env["code"].rstrip() + COPY_LINE.format(copy=copy), "copy": copy,
+            "title": f"{env['title']} (copy {copy})", "source": f"{env['source']}#copy{copy}"}
 
 
 def pick(envs: list[dict], n: int, seed: int, iteration: int) -> list[dict]:
-    """Up to ``n`` distinct environments, chosen by hash rank (independent of file order)."""
+    """Exactly ``n`` environments, dealt in hash-ranked passes over the distinct ones (see the module
+    docstring); independent of file order. Environments of pass c >= 1 are copies (``as_copy``)."""
     unique = {env_id_for(e["code"], e["hint"]): e for e in envs}
-    ranked = sorted(unique.items(), key=lambda kv: _rank(kv[0], seed, iteration))
-    return [e for _, e in ranked[:n]]
+    if not unique:
+        raise SpadeError("the pool holds no environment")
+    out: list[dict] = []
+    for deal in range(-(-n // len(unique))):
+        ranked = sorted(unique.items(), key=lambda kv: _rank(kv[0], seed, iteration, deal))
+        out += [e if deal == 0 else as_copy(e, deal) for _, e in ranked[:n - len(out)]]
+    return out
 
 
 # -- reasoning-gym ---------------------------------------------------------------------------------
@@ -236,4 +269,4 @@ def pool_rows(envs: list[dict], iteration: int, seed: int) -> list[Design]:
     return [Design(iteration=iteration, group_id=None, sample=0, doc=None, messages=None, completion=None,
                    title=e["title"], code=e["code"], hint=e["hint"], parse_error=None, tokens=None,
                    gen={"model": None, "backend": "pool", "temperature": None, "seed": seed},
-                   extra={"pool_source": e["source"]}) for e in envs]
+                   extra={"pool_source": e["source"], "pool_copy": e.get("copy", 0)}) for e in envs]

@@ -363,7 +363,7 @@ def test_same_seed_same_episode(name):
 @pytest.mark.parametrize("pool, count", [("bundled", len(NAMES)), ("starter", 4)])
 def test_every_bundled_env_passes_spade_validate(tmp_path, pool, count):
     designs, validated = tmp_path / "pool.jsonl", tmp_path / "validated.jsonl"
-    res = run_spade("design", "--pool", pool, "--n", "100", "--out", designs)
+    res = run_spade("design", "--pool", pool, "--n", str(count), "--out", designs)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["rows"] == count
     res = run_spade("validate", "--designs", designs, "--out", validated, "--workers", "2")
@@ -372,6 +372,64 @@ def test_every_bundled_env_passes_spade_validate(tmp_path, pool, count):
     bad = {r["title"]: (r["reason"], [c for c in r["checks"] if not c["ok"]]) for r in rows if not r["valid"]}
     assert not bad
     assert len(rows) == count
+
+
+@pytest.mark.unit
+def test_a_pool_smaller_than_n_is_dealt_in_passes_to_exactly_n_distinct_environments():
+    from collections import Counter
+
+    from spade_cli.records import env_id_for
+
+    envs = pool.load_folder(pool.BUNDLED_POOL)
+    n_pool = len(envs)
+    n = 2 * n_pool + 5
+    picked = pool.pick(envs, n, seed=3, iteration=7)
+    assert len(picked) == n  # the budget rule: as many environments as the Designer's arms play
+    ids = [env_id_for(e["code"], e["hint"]) for e in picked]
+    assert len(set(ids)) == n  # a repeat is its own environment: validate, rollout, regret key by env_id
+    assert len({env_id_for(e["code"], "") for e in picked}) == n  # and validate's code-only duplicate key
+    # cycling: the first pass is the whole pool without replacement, then every env 2 or 3 times
+    assert {e["name"] for e in picked[:n_pool]} == set(NAMES) and all("copy" not in e for e in picked[:n_pool])
+    assert sorted(Counter(e["name"] for e in picked).values()) == [2] * (n_pool - 5) + [3] * 5
+    assert [e["copy"] for e in picked[n_pool:]] == [1] * n_pool + [2] * 5
+    # reproducible, independent of file order, different per iteration and per pass
+    assert [e["code"] for e in pool.pick(envs[::-1], n, seed=3, iteration=7)] == [e["code"] for e in picked]
+    assert [e["name"] for e in pool.pick(envs, n, seed=3, iteration=8)] != [e["name"] for e in picked]
+    assert [e["name"] for e in picked[:n_pool]] != [e["name"] for e in picked[n_pool:2 * n_pool]]
+    # n <= pool: the rows of old (no copies, the same first n of the ranking)
+    assert [e["name"] for e in pool.pick(envs, 5, 3, 7)] == [e["name"] for e in picked[:5]]
+
+
+@pytest.mark.unit
+def test_a_copy_plays_exactly_as_its_original():
+    original = next(e for e in pool.load_folder(pool.BUNDLED_POOL) if e["name"] == NAMES[0])
+    copy = pool.as_copy(original, 2)
+    assert copy["hint"] == original["hint"] and "(copy 2)" in copy["title"]
+
+    def env_of(code: str) -> gym.Env:
+        ns: dict = {}
+        exec(compile(code, "env.py", "exec"), ns)
+        assert ns.get("SPADE_POOL_COPY", 0) == (2 if code is copy["code"] else 0)
+        return next(v for v in ns.values() if isinstance(v, type) and issubclass(v, gym.Env) and v is not gym.Env)()
+
+    for seed in SEEDS:
+        a, b = env_of(original["code"]), env_of(copy["code"])
+        assert play(a, seed, solver_policy(a, NAMES[0])) == play(b, seed, solver_policy(b, NAMES[0]))
+
+
+@pytest.mark.integration
+def test_spade_design_fills_n_from_a_smaller_pool_and_every_copy_validates(tmp_path):
+    designs, validated = tmp_path / "designs.jsonl", tmp_path / "validated.jsonl"
+    res = run_spade("design", "--pool", "starter", "--n", "6", "--seed", "1", "--out", designs)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert (summary["rows"], summary["envs"], summary["requested"]) == (6, 6, 6)
+    rows = [json.loads(line) for line in designs.read_text().splitlines()]
+    assert sorted(r["pool_copy"] for r in rows) == [0, 0, 0, 0, 1, 1]
+    res = run_spade("validate", "--designs", designs, "--out", validated, "--workers", "2")
+    assert res.returncode == 0, res.stderr
+    checked = [json.loads(line) for line in validated.read_text().splitlines()]
+    assert [(r["valid"], r["reason"]) for r in checked] == [(True, None)] * 6  # no copy is a `duplicate`
 
 
 @pytest.mark.integration
