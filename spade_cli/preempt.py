@@ -9,9 +9,12 @@ when it preempts a job; the sbatch recipes answer exit code 75 (``EX_TEMPFAIL``,
   already in the partial (complete and fsynced) are kept and the rerun resumes after them. The row
   in hand is dropped rather than written, because it may have been finished after the signal (an
   env process of the sandbox that got the same signal reports a crash): it is simply redone.
-- With no writer open (model loading, one-shot stages such as update, which keeps its own state)
-  there is no boundary to wait for, and ``Preempted`` is raised at once: every output is written
-  atomically, so nothing half-done is ever published.
+- ``spade update`` trains inside ``deferred()``: the signal only sets the flag and the trainer
+  checks ``requested()`` between optimizer steps, where it saves its state as a partial (see
+  ``spade_cli.trainer_state.save_partial``) before raising ``Preempted``.
+- With nothing open (model loading, one-shot stages) there is no boundary to wait for, and
+  ``Preempted`` is raised at once: every output is written atomically, so nothing half-done is
+  ever published.
 - A second SIGTERM raises at once in any case: the user or Slurm insists.
 
 ``Preempted`` is a ``SpadeError`` with ``exit_code`` 75, so the command prints one line and exits 75;
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from spade_cli.errors import SpadeError
 
@@ -62,6 +67,17 @@ def writer_opened() -> None:
 
 def writer_closed() -> None:
     _state["writers"] = max(0, _state["writers"] - 1)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Inside, a first SIGTERM only sets the flag: for work that checks ``requested()`` at its own
+    boundaries (the optimizer steps of ``spade update``)."""
+    writer_opened()
+    try:
+        yield
+    finally:
+        writer_closed()
 
 
 def boundary() -> None:

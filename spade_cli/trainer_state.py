@@ -13,6 +13,11 @@ The next ``spade update`` given this checkpoint as ``--model`` resumes from the 
 checkpoint after a successful update unless its update count is a multiple of N; the counters file
 stays (marked ``pruned``) so a later resume fails with a message instead of silently starting over.
 
+A SIGTERM between optimizer steps (Slurm's preemption) saves the same accelerate state, plus each
+process's progress through the pass (steps done, the old log-probs, the metric sums), as
+``OUT.partial-<confighash>/``; the rerun of the same command loads it over the input's state and
+takes the remaining steps, which on CPU gives bitwise the weights of an uninterrupted run.
+
 Also here: the served state dict (cast to the input's dtype, tied embeddings left tied, the config
 saying the dtype it holds) and the audit of what the served checkpoint kept of the update.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -76,6 +82,42 @@ def prune(checkpoint: str, keep_every: int) -> bool:
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     write_meta(d, {**{k: v for k, v in state.items() if k not in ("path", "format")}, "pruned": True})
     return True
+
+
+def save_partial(acc: Any, partial: Path, progress: dict) -> None:
+    """Save the accelerate state and this process's ``progress`` as ``partial`` (built beside it
+    and renamed into place: a kill while saving leaves the previous partial, or none). Collective."""
+    tmp = partial.with_name(f"{partial.name}.tmp")
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp / STATE_DIR))
+    progress = {"format": FORMAT, "processes": acc.num_processes, **progress}
+    atomic_write_text(tmp / f"progress.{acc.process_index}.json", json.dumps(progress) + "\n")
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        old = partial.with_name(f"{partial.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if partial.exists():
+            os.replace(partial, old)
+        os.replace(tmp, partial)
+        shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def load_partial(acc: Any, partial: Path) -> dict | None:
+    """This process's progress from ``partial`` with the accelerate state loaded, or None when
+    there is no usable partial (none, or saved by another number of processes: the plan differs)."""
+    path = partial / f"progress.{acc.process_index}.json"
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if progress.get("format") != FORMAT or progress.get("processes") != acc.num_processes:
+        return None
+    acc.load_state(str(partial / STATE_DIR))
+    return progress
 
 
 def size_bytes(state_dir: Path) -> int:

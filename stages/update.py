@@ -30,7 +30,10 @@ works unchanged. Modules: ``stages.update_samples`` (rows -> samples), ``stages.
 The output is the served checkpoint (the input's dtype) plus ``trainer_state/`` (fp32 masters,
 Adam, scheduler, RNG), which the next update resumes when given this checkpoint as ``--model``.
 It is built under a temporary name and renamed into place, so a killed run never leaves a half
-checkpoint; a rerun starts the update over (it is one short optimizer pass).
+checkpoint; a rerun after a kill starts the update over. A SIGTERM (Slurm's time limit or
+preemption) is different: the pass stops before its next optimizer step, saves its state and
+progress as ``OUT.partial-<confighash>/`` and exits 75; the rerun continues from there (on CPU,
+bitwise to the weights of an uninterrupted run).
 
     spade update --model ckpt/iter_0000 --designs validated.jsonl --rollouts rollouts.jsonl \
       --scores scores.jsonl --out ckpt/iter_0001
@@ -46,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spade_cli import preempt
 from spade_cli.artifacts import SpadeError, Stage, atomic_write_text, expand_inputs
 from stages.update_samples import collect_samples
 
@@ -106,14 +110,23 @@ class UpdateConfig:
 
 
 def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], state: dict | None = None,
-          base: str | None = None) -> dict:
+          base: str | None = None, partial: Path | None = None) -> dict:
     """Set up (resuming ``state`` when given) and take one pass; returns the pass's report plus the
-    ``trainer`` that ``save`` writes."""
+    ``trainer`` that ``save`` writes. With ``partial``, a SIGTERM between optimizer steps saves the
+    pass there and raises ``Preempted``, and a partial left by such a run is continued."""
+    from spade_cli import trainer_state
     from stages import update_train
 
     tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model))
-    out = update_train.train_pass(tr, cfg, samples, log)
-    return {**out, "trainer": tr}
+    resumed = None
+    if partial is not None and partial.is_dir():
+        resumed = trainer_state.load_partial(tr.accelerator, partial)
+        if resumed is None:
+            log(f"{partial}: saved by another number of processes or unreadable; starting the pass over")
+        else:
+            log(f"resuming the preempted pass from {partial} (optimizer step {resumed['step']} done)")
+    out = update_train.train_pass(tr, cfg, samples, log, partial, resumed)
+    return {**out, "trainer": tr, "resumed_step": resumed["step"] if resumed else None}
 
 
 def _model_id(model: str) -> str:
@@ -220,9 +233,8 @@ def _resolve_state(cfg: UpdateConfig) -> tuple[dict | None, str]:
 
 def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """Update the model on the stored samples and write ``cfg.out``; returns the summary."""
-    import json
 
-    from spade_cli import grpo, trainer_state
+    from spade_cli import grpo
 
     if log is None or os.environ.get("RANK", "0") != "0":  # one log, not one per process
         log = lambda _msg: None  # noqa: E731
@@ -251,16 +263,36 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
         return {"status": "up to date", "out": str(out)}
 
     t0 = time.time()
+    if force:
+        _remove_partials(out)
     state, base = _resolve_state(cfg)
     samples, counts = collect_samples(cfg)
     if not samples:
         # Common early in a run (every return 0): nothing to learn is not a failure of the loop.
         return _pass_through(cfg, stage, counts, log, t0)
+    # From here a first SIGTERM waits for the next optimizer step (or for the publish, after the
+    # last one): training up to it is kept in stage.partial for the rerun.
+    with preempt.deferred():
+        return _train_and_publish(cfg, stage, state, base, samples, counts, log, t0)
+
+
+def _remove_partials(out: Path) -> None:
+    for stale in out.parent.glob(f"{out.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base: str, samples: list[Sample],
+                       counts: dict, log: Callable[[str], None], t0: float) -> dict:
+    import json
+
+    from spade_cli import trainer_state
+
+    out = Path(cfg.out)
     log(f"{len(samples)} samples with signal: "
         + ", ".join(f"{r} {sum(s.role == r for s in samples)}" for r in ("agent", "designer"))
         + (f"; resuming the trainer state of {cfg.model} (update {state['updates']})" if state else
            "; fresh optimizer"))
-    trained = train(cfg, samples, log, state, base)
+    trained = train(cfg, samples, log, state, base, stage.partial)
     tr = trained["trainer"]
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     saved = save(cfg, tr, tmp)
@@ -277,7 +309,7 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
                "agent_samples": sum(s.role == "agent" for s in samples),
                "designer_samples": sum(s.role == "designer" for s in samples),
                "loss": trained["metrics"]["loss"], "tokens_per_s": trained["metrics"]["tokens_per_s"],
-               "resumed_state": state_report["resumed"]}
+               "resumed_state": state_report["resumed"], "resumed_step": trained["resumed_step"]}
     if accelerator.is_main_process:
         atomic_write_text(tmp / "update.json", json.dumps(report, indent=2, default=str) + "\n")
         for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by killed runs
@@ -288,6 +320,7 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
             os.replace(out, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, out)
+        _remove_partials(out)
         stage.timings["train_s"] = trained["metrics"]["train_seconds"]
         stage.extra["trainer_state"] = state_report
         stage.write_manifest(None, summary)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spade_cli.artifacts import SpadeError
@@ -208,26 +209,61 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
     return stats
 
 
-def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None]) -> dict:
-    """Old log-probs, then ``num_iterations`` passes of optimizer steps; returns metrics and roles."""
+def _stop_requested(acc: Any) -> bool:
+    """Whether any process got a SIGTERM: every process must stop at the same step."""
     import torch
 
-    from spade_cli import grpo
+    from spade_cli import preempt
+
+    flag = torch.tensor([1.0 if preempt.requested() else 0.0], device=acc.device)
+    if acc.num_processes > 1:
+        flag = acc.reduce(flag, reduction="sum")
+    return bool(flag.item() > 0)
+
+
+def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None],
+               partial: Path | None = None, resumed: dict | None = None) -> dict:
+    """Old log-probs, then ``num_iterations`` passes of optimizer steps; returns metrics and roles.
+
+    With ``partial``, a SIGTERM (``preempt.deferred`` around the call) stops the pass before the
+    next optimizer step: the state and the progress go to ``partial`` and ``Preempted`` is raised.
+    ``resumed`` is that progress (from ``trainer_state.load_partial``): the pass continues after it."""
+    import torch
+
+    from spade_cli import grpo, preempt, trainer_state
 
     acc, model, opt = tr.accelerator, tr.model, tr.optimizer
     pad_id = tr.tokenizer.pad_token_id if tr.tokenizer.pad_token_id is not None else 0
     world, ga = acc.num_processes, cfg.gradient_accumulation_steps
-    t_old = time.time()
-    sampler_stats = fill_old_logps(tr, cfg, samples, pad_id)
-    old_seconds = time.time() - t_old
+    keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
+    if resumed is None:
+        t_old = time.time()
+        sampler_stats = fill_old_logps(tr, cfg, samples, pad_id)
+        old_seconds = time.time() - t_old
+        start, sums, grad_norms, before = 0, torch.zeros(len(keys), dtype=torch.float64), [], 0.0
+    else:  # pi_old is the model before the first step, which only the partial remembers
+        for s, lp in zip(samples, resumed["old_logps"], strict=True):
+            s.old_logps = lp
+        sampler_stats, old_seconds = resumed["sampler"], resumed["old_logps_seconds"]
+        start, grad_norms, before = resumed["step"], list(resumed["grad_norms"]), resumed["train_seconds"]
+        sums = torch.tensor(resumed["sums"], dtype=torch.float64)
+        tr.counters["optimizer_steps"] = resumed["optimizer_steps"]
     mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
     weight = {"agent": cfg.agent_weight, "designer": cfg.designer_weight}
     plan = grpo.plan_steps(len(samples), cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
-    keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
-    sums = torch.zeros(len(keys), dtype=torch.float64)
-    grad_norms: list[float] = []
     t0 = time.time()
     for step, ranks in enumerate(plan):
+        if step < start:
+            continue
+        if partial is not None and _stop_requested(acc):
+            if step > start:  # else nothing new since the partial (or the input) to keep
+                trainer_state.save_partial(acc, partial, {
+                    "step": step, "optimizer_steps": tr.counters["optimizer_steps"], "sums": sums.tolist(),
+                    "grad_norms": grad_norms, "old_logps": [s.old_logps for s in samples],
+                    "sampler": sampler_stats, "old_logps_seconds": old_seconds,
+                    "train_seconds": before + time.time() - t0})
+            raise preempt.Preempted(f"SIGTERM: stopped before optimizer step {step + 1}/{len(plan)}; the "
+                                    f"state after step {step} is kept in {partial}, rerun to resume")
         # The per-role normalisers of this step, over every process's micro-batches (same on all).
         rows = [(i, (r, k)) for r, mbs in enumerate(ranks) for k, mbatch in enumerate(mbs) for i in mbatch
                 if i is not None]
@@ -283,7 +319,7 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                         float(mb["attention_mask"][mb["real"] > 0].sum())]
                 sums += torch.tensor(vals, dtype=torch.float64)
         log(f"step {step + 1}/{len(plan)}: grad norm {grad_norms[-1] if grad_norms else float('nan'):.4g}")
-    seconds = time.time() - t0
+    seconds = before + time.time() - t0
     tr.counters["updates"] += 1
     totals = dict(zip(keys, acc.reduce(sums.to(acc.device), reduction="sum").tolist(), strict=True))
     attended = int(totals.pop("seq_tokens"))

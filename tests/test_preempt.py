@@ -106,3 +106,61 @@ def test_the_loop_passes_sigterm_to_its_stage_and_exits_75(tiny_model, tmp_path)
     assert not (tmp_path / "run" / "iter_0000" / "rollouts.jsonl").exists()
     # and nothing of the stage is left running
     assert subprocess.run(["pgrep", "-f", "--", f"--out {tmp_path}/run/iter_0000/rollouts.jsonl"]).returncode == 1
+
+
+def _update_argv(paths: dict, model: Path, out: Path) -> list[str]:
+    return ["update", "--model", str(model), "--designs", str(paths["validated"]), "--rollouts",
+            str(paths["rollouts"]), "--scores", str(paths["scores"]), "--out", str(out), "--learning-rate", "1e-3",
+            "--per-device-train-batch-size", "1", "--num-iterations", "4"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # three updates of ~50 optimizer steps: a minute or two on a loaded CPU
+def test_sigterm_mid_update_stops_at_an_optimizer_step_and_resumes_bitwise(tiny_model, tmp_path):
+    """The preempted update keeps its trainer state as a partial; the rerun takes the remaining
+    steps and ends with the same bytes (served weights, fp32 masters, Adam, scheduler) and the
+    same metrics as an uninterrupted run."""
+    from tests.test_update import make_artifacts
+
+    (tmp_path / "inputs").mkdir()
+    paths = make_artifacts(tmp_path / "inputs", tiny_model)
+    out = tmp_path / "iter_0001"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "400"}
+    proc = subprocess.Popen([sys.executable, "-m", "spade_cli", *_update_argv(paths, tiny_model, out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("step 2/"):
+            break
+    total = int(seen[-1].split("/")[1].split(":")[0])
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 75, err[-3000:]
+    assert "SIGTERM: stopped before optimizer step" in err and "Traceback" not in err
+    assert not out.exists() and not Path(f"{out}.lock").exists()
+    (part,) = tmp_path.glob("iter_0001.partial-*")
+    (progress,) = part.glob("progress.*.json")
+    done = json.loads(progress.read_text())["step"]
+    assert 2 <= done < total  # stopped between steps, and kept what it had done
+
+    res = run_spade(*_update_argv(paths, tiny_model, out), env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["resumed_step"] == done
+    assert f"optimizer step {done} done" in res.stderr
+    assert not list(tmp_path.glob("iter_0001.partial-*"))  # published: the partial is gone
+    clean = tmp_path / "clean"
+    res = run_spade(*_update_argv(paths, tiny_model, clean), env=env)
+    assert res.returncode == 0 and json.loads(res.stdout)["resumed_step"] is None, res.stderr
+    for name in ("model.safetensors", "trainer_state/model.safetensors", "trainer_state/optimizer.bin",
+                 "trainer_state/custom_checkpoint_0.pkl"):
+        assert (out / name).read_bytes() == (clean / name).read_bytes(), name
+    a, b = (json.loads((d / "update.json").read_text()) for d in (out, clean))
+    for r in (a, b):
+        for k in ("old_logps_seconds", "train_seconds", "tokens_per_s"):
+            r["metrics"].pop(k)
+        r["config"].pop("out")
+        r["trainer_state"] = {k: v for k, v in r["trainer_state"].items() if not k.endswith("_s")}
+    assert a["metrics"]["optimizer_steps"] == total
+    assert a == b
