@@ -133,6 +133,7 @@ def test_sigterm_mid_update_stops_at_an_optimizer_step_and_resumes_bitwise(tiny_
         seen.append(line)
         if line.startswith("step 2/"):
             break
+    assert seen and seen[-1].startswith("step 2/"), "".join(seen)[-3000:] + proc.communicate()[1][-3000:]
     total = int(seen[-1].split("/")[1].split(":")[0])
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
