@@ -43,7 +43,7 @@ SIGNAL="${SIGNAL:-regret}"          # regret | ema_lp | learnability
 REPLAY="${REPLAY:-0}"               # K past envs replayed per iteration (0: off, as in the paper)
 POOL="${POOL:-}"                    # fixed-pool baseline: a pool DIR, FILE.jsonl or rg:NAMES (no Designer)
 FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"  # 1: the Designer stays the initial MODEL and is not trained
-EVAL_EVERY="${EVAL_EVERY:-25}"      # evaluate every E iterations (0: never)
+EVAL_EVERY="${EVAL_EVERY:-25}"      # evaluate every E iterations, and MODEL itself first (0: never)
 EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:50}"
 EVAL_LIMIT="${EVAL_LIMIT:-}"
 UPDATE_CMD="${UPDATE_CMD:-${SPADE:-spade}}"  # multi-GPU: "accelerate launch --config_file recipes/accelerate/zero2.yaml -m spade_cli"
@@ -63,6 +63,8 @@ mkdir -p "$RUN"
 
 backend_flags=(--backend "$BACKEND")
 [[ -n "$BASE_URL" ]] && backend_flags+=(--base-url "$BASE_URL")
+eval_flags=(--tasks "$EVAL_TASKS" "${backend_flags[@]}")
+[[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
 
 # Each stage runs in the background so that this shell can take SIGTERM while it runs (bash runs a
 # trap only between commands) and hand it on; `wait` returns early on a trapped signal, so it is
@@ -83,13 +85,18 @@ stage() {
 for ((i = 0; i < ITERS; i++)); do
   ((stop == 0)) || exit 75
   # sets $designs $validated $rollouts $rollouts_glob $scores $replay $prev_replay $memory
-  # $next_memory $ckpt $next_ckpt $next_eval $iter_dir: one `spade paths` per iteration, because
+  # $next_memory $ckpt $next_ckpt $eval $next_eval $iter_dir: one `spade paths` per iteration, because
   # each start of `spade` costs about a second
   eval "$("$SPADE" paths "$RUN" --iteration "$i" --shell)"
   ((i == 0)) && ckpt="$MODEL"
   designer="$ckpt"
   [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
   next="$next_ckpt" replay_prev="$prev_replay" eval_out="$next_eval"
+  if ((i == 0 && EVAL_EVERY > 0)) && [[ ! -f "$eval.manifest.json" ]]; then
+    # the starting point of every arm's curve: eval/iter_0000 is MODEL, before any update
+    # shellcheck disable=SC2086
+    stage "$SPADE" eval --model "$MODEL" "${eval_flags[@]}" --out "$eval" $EVAL_ARGS
+  fi
   eval_due=0
   ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)) && eval_due=1
   # A finished iteration is skipped as a whole, only to save the seconds of "up to date" checks:
@@ -151,8 +158,6 @@ for ((i = 0; i < ITERS; i++)); do
     --scores "$scores" --out "$next" "${update_flags[@]}" $UPDATE_ARGS
 
   if ((eval_due)); then
-    eval_flags=(--tasks "$EVAL_TASKS" "${backend_flags[@]}")
-    [[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
     # shellcheck disable=SC2086
     stage "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
   fi

@@ -5,8 +5,8 @@ and leaves the rest empty, so a run that is still going (or died) reports what i
 
 - ``designs.jsonl``: designs and parse failures.
 - ``validated.jsonl``: valid count and rate, invalid reasons.
-- ``rollouts*.jsonl`` (one file or Slurm shards), streamed row by row: episodes, mean hinted and
-  unhinted return, episode errors.
+- ``rollouts*.jsonl`` (one file or Slurm shards), streamed row by row: episodes, the tokens the
+  Agent generated in them (the 1s of ``env_mask``), mean hinted and unhinted return, episode errors.
 - ``scores.jsonl`` and its manifest: mean regret and designer reward over the scored envs; Vendi
   score and Vendi/n from the manifest summary (``vendi``, ``vendi_per_n``, else
   ``diversity.{vendi,vendi_per_n}``).
@@ -40,7 +40,7 @@ from spade_cli.artifacts import atomic_write_text, manifest_path, read_rows
 from spade_cli.layout import RunLayout
 from spade_cli.records import Design, Eval, Rollout, Score, Validation
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def _mean(values: list[float]) -> float | None:
@@ -69,18 +69,35 @@ def _validated(path: Path) -> dict:
             "invalid_reasons": dict(reasons.most_common())}
 
 
+def _agent_tokens(tokens: dict | None) -> int | None:
+    """Tokens the Agent generated in one episode: the 1s of ``env_mask`` (env tokens are 0)."""
+    mask = (tokens or {}).get("env_mask")
+    if isinstance(mask, list):
+        return sum(1 for m in mask if m)
+    ids = (tokens or {}).get("completion_ids")
+    return len(ids) if isinstance(ids, list) else None
+
+
 def _rollouts(paths: list[Path]) -> dict:
     sums = {True: [0.0, 0], False: [0.0, 0]}
     errors: Counter[str] = Counter()
+    agent_tokens, counted = 0, 0
     for _, _, rec in read_rows(paths, expect="spade.rollout"):  # streamed: one row in memory
         assert isinstance(rec, Rollout)
         sums[rec.hinted][0] += rec.return_
         sums[rec.hinted][1] += 1
         if rec.error:
             errors[rec.error] += 1
+        n_tokens = _agent_tokens(rec.tokens)
+        if n_tokens is not None:
+            agent_tokens += n_tokens
+            counted += 1
     side = {h: s[0] / s[1] if s[1] else None for h, s in sums.items()}
-    return {"episodes": sums[True][1] + sums[False][1], "hinted_mean": side[True], "unhinted_mean": side[False],
-            "episode_errors": dict(errors.most_common())}
+    episodes = sums[True][1] + sums[False][1]
+    return {"episodes": episodes, "hinted_mean": side[True], "unhinted_mean": side[False],
+            "episode_errors": dict(errors.most_common()),
+            # the Agent's side of the budget; unknown (None) when an episode carries no token ids
+            "agent_tokens": agent_tokens if counted == episodes else None}
 
 
 TOP_ENVS = 5  # per iteration, in top_regret.csv
@@ -214,7 +231,7 @@ def to_csv(rows: list[dict], columns: list[str]) -> str:
 def columns_of(rows: list[dict]) -> list[str]:
     """Fixed columns first (in pipeline order), then update and eval columns as they appear."""
     fixed = ["iteration", "designs", "parse_errors", "validated", "valid", "valid_rate", "invalid_reasons",
-             "episodes", "unhinted_mean", "hinted_mean", "episode_errors", "scored_envs", "regret_mean",
+             "episodes", "agent_tokens", "unhinted_mean", "hinted_mean", "episode_errors", "scored_envs", "regret_mean",
              "designer_reward_mean", "flagged", "vendi", "vendi_per_n"]
     seen = {k for row in rows for k in row}
     rest = sorted(k for k in seen if k not in fixed)

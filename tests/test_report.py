@@ -98,6 +98,7 @@ def test_report_tables_and_plots_hold_hand_computed_values(run_dir: Path) -> Non
     assert float(r0["valid_rate"]) == 0.5
     assert r0["invalid_reasons"] in ("trivial:1;no_code:1", "no_code:1;trivial:1")
     assert r0["episodes"] == "8" and r0["flagged"] == "seed_invariant:1"
+    assert r0["agent_tokens"] == ""  # episodes without token ids: the Agent's token count is unknown
     top = list(csv.DictReader((run_dir / "report" / "top_regret.csv").open()))
     assert [(t["iteration"], t["env_id"], t["flags"]) for t in top] == [("0", "a", ""), ("0", "b", "seed_invariant")]
     assert float(r0["unhinted_mean"]) == pytest.approx(0.25)

@@ -1,0 +1,274 @@
+"""`spade compare`: the paper's table of an experiment, arms by benchmarks, mean ± 95% CI over seeds.
+
+Inputs: directories, each one of
+- an experiment, ``EXP/ARM/RUN/`` (what ``recipes/experiment.sh`` writes: ``EXP/spade/seed_0/``);
+- an arm, ``ARM/RUN/``: every run directory inside is one seed of the arm named after the folder;
+- a run directory (``runs/NAME``): one seed of an arm named NAME.
+
+Every run is read through ``stages.report`` (``iterations`` and ``iteration_row``, with the run's
+own report cache), so a figure means here what it means in ``spade report``. Per run and
+benchmark (an ``eval:<task>/<metric>`` column) the value is taken at one iteration, the same for
+every run: the latest iteration at which every run of the comparison has that benchmark (a
+benchmark no iteration has in common is taken at each run's latest and the row says so). Per run,
+Vendi/n, Agent episodes and Agent tokens are averaged over the iterations that have them.
+
+Across the seeds of an arm a cell is ``mean ± h`` with h the half-width of a 95% confidence interval
+from the t-distribution with n-1 degrees of freedom; an arm with one seed has no interval and the
+cell says ``n=1``. The comparison is only fair at equal budgets (fixed pools are dealt to
+``--n`` environments, ``spade_cli.pool``), so the episodes and tokens per iteration are rows of
+the table, and an arm whose Agent episodes or tokens per iteration differ from the reference
+arm's (``spade`` when present, else the first) by more than ``budget_tol`` is marked ``†``.
+
+Output, in ``out_dir``: ``compare.csv`` (one row per table row and arm, with the per-seed values),
+``compare.md`` (the table), and ``curve-<benchmark>.png`` per benchmark (mean over seeds per
+iteration, with the CI band where two or more seeds have the point).
+
+    spade compare runs/exp --out runs/exp/compare
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from spade_cli.artifacts import SpadeError, atomic_write_text
+from spade_cli.layout import RunLayout
+from stages import report
+
+BUDGET_ROWS = [("episodes", "Agent episodes / iteration"), ("agent_tokens", "Agent tokens / iteration")]
+MARK = "†"
+
+
+def _is_run(path: Path) -> bool:
+    return path.is_dir() and bool(report.iterations(RunLayout(path)))
+
+
+def discover(dirs: list[Path]) -> dict[str, list[Path]]:
+    """``{arm: [run dirs]}`` from experiment, arm and run directories, in the order given."""
+    arms: dict[str, list[Path]] = {}
+
+    def add(arm: str, run: Path) -> None:
+        runs = arms.setdefault(arm, [])
+        if any(r.name == run.name for r in runs):
+            raise SpadeError(f"arm {arm!r} has two runs named {run.name} ({runs[0].parent} and {run.parent})")
+        runs.append(run)
+
+    for d in map(Path, dirs):
+        if not d.is_dir():
+            raise SpadeError(f"{d}: not a directory")
+        if _is_run(d):
+            add(d.name, d)
+            continue
+        children = sorted(p for p in d.iterdir() if p.is_dir())
+        runs = [p for p in children if _is_run(p)]
+        if runs:  # an arm
+            for r in runs:
+                add(d.name, r)
+            continue
+        found = False
+        for arm in children:  # an experiment
+            for r in sorted(p for p in arm.iterdir() if _is_run(p)):
+                add(arm.name, r)
+                found = True
+        if not found:
+            raise SpadeError(f"{d}: no run directories in it, nor in its sub-folders (ARM/RUN)")
+    return arms
+
+
+def run_summary(run: Path) -> dict:
+    """One run: its eval values by benchmark and iteration, and its per-iteration means."""
+    layout = RunLayout(run)
+    rows = [report.iteration_row(layout, i, layout.report_dir / ".cache") for i in report.iterations(layout)]
+    evals: dict[str, dict[int, float]] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("eval:") and isinstance(v, int | float):
+                evals.setdefault(k.removeprefix("eval:"), {})[r["iteration"]] = float(v)
+    out: dict[str, Any] = {"run": str(run), "evals": evals,
+                           "iterations": sum(1 for r in rows if "episodes" in r)}
+    for key in ("vendi_per_n", "episodes", "agent_tokens"):
+        vals = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        out[key] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def mean_ci(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and the half-width of its 95% t-interval (None for fewer than two values)."""
+    if not values:
+        return None, None
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    from scipy.stats import t
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def _at(runs: list[dict], bench: str, iteration: int | None) -> tuple[int | None, bool]:
+    """The iteration a benchmark is compared at, and whether every run has it."""
+    have = [set(r["evals"].get(bench, {})) for r in runs]
+    if iteration is not None:
+        return iteration, all(iteration in h for h in have)
+    common = set.intersection(*have) if have else set()
+    return (max(common), True) if common else (None, False)
+
+
+def build(arms: dict[str, list[dict]], iteration: int | None = None, reference: str | None = None,
+          budget_tol: float = 0.05) -> dict:
+    """The table as rows ``{kind, row, arm, n, mean, ci95, values, iteration}`` plus the budget marks."""
+    everyone = [r for runs in arms.values() for r in runs]
+    benches = sorted({b for r in everyone for b in r["evals"]})
+    rows: list[dict] = []
+    notes: list[str] = []
+    for bench in benches:
+        at, common = _at(everyone, bench, iteration)
+        if not common and iteration is not None:
+            notes.append(f"{bench}: not every run has an eval at iteration {iteration}; those runs are left out")
+        elif not common:
+            notes.append(f"{bench}: no iteration that every run evaluated; each run's latest eval is used")
+        for arm, runs in arms.items():
+            vals, its = [], []
+            for r in runs:
+                series = r["evals"].get(bench, {})
+                i = at if common or iteration is not None else (max(series) if series else None)
+                if i is not None and i in series:
+                    vals.append(series[i])
+                    its.append(i)
+            mean, ci = mean_ci(vals)
+            start = [r["evals"][bench][0] for r in runs if 0 in r["evals"].get(bench, {})]
+            rows.append({"kind": "eval", "row": bench, "arm": arm, "n": len(vals), "mean": mean, "ci95": ci,
+                         "values": vals, "iteration": its[0] if len(set(its)) == 1 else ",".join(map(str, its)),
+                         "start": sum(start) / len(start) if start else None})
+    for key, label in [("vendi_per_n", "Vendi / n"), *BUDGET_ROWS]:
+        for arm, runs in arms.items():
+            vals = [r[key] for r in runs if r[key] is not None]
+            mean, ci = mean_ci(vals)
+            rows.append({"kind": "budget" if key != "vendi_per_n" else "diversity", "row": label, "arm": arm,
+                         "n": len(vals), "mean": mean, "ci95": ci, "values": vals, "iteration": "", "start": None})
+    ref = reference or ("spade" if "spade" in arms else next(iter(arms)))
+    if ref not in arms:
+        raise SpadeError(f"reference arm {ref!r} is not among the arms: {', '.join(arms)}")
+    order = [ref, *(a for a in arms if a != ref)]  # the reference is the table's first column
+    marked: dict[str, str] = {}
+    by = {(r["row"], r["arm"]): r["mean"] for r in rows}
+    for arm in arms:
+        diffs = []
+        for _, label in BUDGET_ROWS:
+            a, b = by.get((label, arm)), by.get((label, ref))
+            if a is None or b is None:
+                if a != b:
+                    diffs.append(f"{label.lower()}: {_num(a)} vs {_num(b)}")
+            elif abs(a - b) > budget_tol * max(abs(b), 1e-12):
+                diffs.append(f"{label.lower()}: {_num(a)} vs {_num(b)}")
+        if arm != ref and diffs:
+            marked[arm] = "; ".join(diffs)
+    return {"rows": rows, "benchmarks": benches, "arms": order, "reference": ref,
+            "budget_differs": marked, "notes": notes, "budget_tol": budget_tol}
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3f}"
+
+
+def cell(row: dict) -> str:
+    if row["mean"] is None:
+        return "-"
+    if row["ci95"] is None:
+        return f"{_num(row['mean'])} (n=1, no CI)" if row["n"] == 1 else _num(row["mean"])
+    return f"{_num(row['mean'])} ± {_num(row['ci95'])}"
+
+
+def to_markdown(table: dict) -> str:
+    arms, ref = table["arms"], table["reference"]
+    heads = [f"{a}{MARK}" if a in table["budget_differs"] else a for a in arms]
+    by = {(r["row"], r["arm"]): r for r in table["rows"]}
+    labels = list(dict.fromkeys(r["row"] for r in table["rows"]))
+    out = ["| benchmark | iteration | start (iter 0) | " + " | ".join(heads) + " |",
+           "|---|---|---|" + "---|" * len(arms)]
+    for label in labels:
+        first = by[(label, arms[0])]
+        if first["kind"] == "eval":
+            its = {str(by[(label, a)]["iteration"]) for a in arms}
+            starts = [by[(label, a)]["start"] for a in arms if by[(label, a)]["start"] is not None]
+            start = _num(sum(starts) / len(starts)) if starts else "-"
+            it = its.pop() if len(its) == 1 else "differs"
+        else:
+            it, start = "mean over iterations", ""
+        out.append(f"| {label} | {it} | {start} | " + " | ".join(cell(by[(label, a)]) for a in arms) + " |")
+    seeds = [max(r["n"] for r in table["rows"] if r["arm"] == a) if table["rows"] else 0 for a in arms]
+    out.append("| seeds | | | " + " | ".join(map(str, seeds)) + " |")
+    out += ["", "Cells: mean ± half-width of the 95% confidence interval over seeds (t-distribution, n-1 "
+            "degrees of freedom); `n=1, no CI` where an arm has a single seed. The start column is the "
+            "starting model (eval/iter_0000), the same checkpoint in every arm."]
+    for arm, why in table["budget_differs"].items():
+        out.append(f"\n{MARK} {arm}: budget differs from {ref}'s by more than {100 * table['budget_tol']:.0f}% "
+                   f"({why}).")
+    out += [f"\nNote: {n}." for n in table["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def to_csv(table: dict) -> str:
+    rows = [{**r, "values": ";".join(_num(v) for v in r["values"]),
+             "budget_differs": r["arm"] in table["budget_differs"]} for r in table["rows"]]
+    return report.to_csv(rows, ["kind", "row", "arm", "n", "mean", "ci95", "values", "iteration", "start",
+                                "budget_differs"])
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "benchmark"
+
+
+def write_curves(arms: dict[str, list[dict]], benches: list[str], out_dir: Path) -> list[Path]:
+    """One PNG per benchmark: each arm's mean over seeds per iteration, with its 95% CI band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    written = []
+    for bench in benches:
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        for arm, runs in arms.items():
+            its = sorted({i for r in runs for i in r["evals"].get(bench, {})})
+            if not its:
+                continue
+            stats = [mean_ci([r["evals"][bench][i] for r in runs if i in r["evals"].get(bench, {})]) for i in its]
+            means = [m for m, _ in stats]
+            line, = ax.plot(its, means, marker="o", markersize=3, label=f"{arm} (n={len(runs)})")
+            lo = [m - (c or 0.0) for m, c in stats]
+            hi = [m + (c or 0.0) for m, c in stats]
+            if any(c is not None for _, c in stats):
+                ax.fill_between(its, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(bench)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.suptitle(f"{bench}: mean over seeds, 95% CI band")
+        written.append(report._save(fig, out_dir / f"curve-{slug(bench)}.png"))
+        plt.close(fig)
+    return written
+
+
+def run(dirs: list[str | Path], out_dir: str | Path, *, iteration: int | None = None, reference: str | None = None,
+        budget_tol: float = 0.05, plots: bool = True) -> dict:
+    """Read the runs of ``dirs``, write the table (CSV, markdown) and the curves; returns the summary."""
+    arm_dirs = discover([Path(d) for d in dirs])
+    arms = {arm: [run_summary(r) for r in runs] for arm, runs in arm_dirs.items()}
+    table = build(arms, iteration=iteration, reference=reference, budget_tol=budget_tol)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "compare.csv", to_csv(table))
+    atomic_write_text(out / "compare.md", to_markdown(table))
+    written = write_curves(arms, table["benchmarks"], out) if plots else []
+    return {"status": "ok", "out_dir": str(out), "csv": str(out / "compare.csv"), "markdown": str(out / "compare.md"),
+            "plots": [str(p) for p in written], "arms": {a: [str(r) for r in arm_dirs[a]] for a in table["arms"]},
+            "benchmarks": table["benchmarks"], "reference": table["reference"],
+            "budget_differs": table["budget_differs"], "notes": table["notes"], "table": table["rows"]}
