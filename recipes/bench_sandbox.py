@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spade_cli.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+from spade_cli.sandbox import SandboxConfig, SandboxPool, protocol  # noqa: E402
 
 ENV = """
 import gymnasium as gym
@@ -54,8 +54,18 @@ def p50_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
-def raw_socketpair_us(n: int, reply_bytes: int = 4000) -> float:
-    """p50 of a round trip between two processes over a socketpair: a short request, a 4 KB reply."""
+def frame_sizes() -> tuple[int, int]:
+    """Bytes on the wire of one step request and its reply in ``bench_step`` (header included)."""
+    req = protocol.pack(protocol.Step(action="a", n=1000))
+    reply = protocol.pack(protocol.StepDone(obs="y" * 4000, reward=0.0, term=False, trunc=False,
+                                            info={"t": 10}, n=1000))
+    return len(req), len(reply)
+
+
+def raw_socketpair_us(n: int) -> float:
+    """p50 of a round trip between two Python processes over a socketpair, moving exactly the
+    bytes of a sandboxed step (a request frame one way, a reply frame of a ~4 KB observation back)."""
+    req_bytes, reply_bytes = frame_sizes()
     a, b = socket.socketpair()
     pid = os.fork()
     if pid == 0:
@@ -65,10 +75,11 @@ def raw_socketpair_us(n: int, reply_bytes: int = 4000) -> float:
             b.sendall(payload)
         os._exit(0)
     b.close()
+    request = b"s" * req_bytes
     samples = []
     for i in range(n + 200):
         t0 = time.perf_counter()
-        a.sendall(b"step a")
+        a.sendall(request)
         got = 0
         while got < reply_bytes:
             got += len(a.recv(1 << 16))

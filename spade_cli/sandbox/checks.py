@@ -65,14 +65,19 @@ def check_obs(obs: object, max_chars: int) -> str:
     obs = str.__str__(obs)  # an exact str, whatever subclass it was
     if len(obs) > max_chars:
         raise Rejected("obs_too_large", f"observation has {len(obs)} characters (cap {max_chars})")
-    try:
-        obs.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise Rejected("obs_not_str", f"observation is not encodable text: {exc.reason}") from None
+    if not obs.isascii():  # ASCII always encodes; only other text can hold a lone surrogate
+        try:
+            obs.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Rejected("obs_not_str", f"observation is not encodable text: {exc.reason}") from None
     return obs
 
 
 def check_reward(reward: object) -> float:
+    if type(reward) is float:  # the common case, without the slower ABC check below
+        if not math.isfinite(reward):
+            raise Rejected("reward_not_finite", f"reward is {reward}")
+        return reward
     if isinstance(reward, bool) or type(reward).__name__ == "bool_" or not isinstance(reward, numbers.Real):
         raise Rejected("reward_not_real", f"reward is a {type(reward).__name__}, not a real number")
     value = float(reward)  # a plain float: defeats subclasses with odd __eq__ or __repr__
@@ -92,6 +97,8 @@ def check_flag(flag: object, name: str) -> bool:
 def check_info(info: object) -> dict:
     if type(info) is not dict:
         raise Rejected("info_not_json", f"info is a {type(info).__name__}, not dict")
+    if not info:
+        return {}
     return json_safe(info)  # type: ignore[return-value]
 
 

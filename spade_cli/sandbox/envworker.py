@@ -80,7 +80,9 @@ class EnvWorker:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         try:
-            for _ in range(3):  # "retry": the zygote had no confined child ready for this spec yet
+            # "retry": no confined child was ready. The zygote forks one before its next request,
+            # but another thread may take it first: each round serves at least one of them.
+            for _ in range(64):
                 reply = self.zygote.request({"op": "spawn", "spec": self.spec}, (theirs.fileno(), out_w))
                 if "pid" in reply:
                     break
@@ -140,8 +142,15 @@ class EnvWorker:
 
     # -- transport -----------------------------------------------------------------------------
     def _send(self, proc: _Proc, msg: protocol.msgspec.Struct, deadline: float) -> None:
-        view = memoryview(protocol.pack(msg))
-        while view:
+        frame = protocol.pack(msg)
+        try:
+            n = os.write(proc.sock.fileno(), frame)  # a request fits the socket buffer at once...
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            raise protocol.FrameError("eof") from None
+        view = memoryview(frame)[n:]
+        while view:  # ...unless it carries a long source or action
             try:
                 n = os.write(proc.sock.fileno(), view)
                 view = view[n:]
@@ -247,7 +256,8 @@ class EnvWorker:
 
     def step(self, episode: str, action: str) -> tuple[str, float, bool, bool, dict]:
         action = str(action)[: self.cfg.max_action_chars]
-        action = action.encode("utf-8", "replace").decode("utf-8")  # no lone surrogates over the wire
+        if not action.isascii():
+            action = action.encode("utf-8", "replace").decode("utf-8")  # no lone surrogates over the wire
         with self.lock:
             if not self.alive:
                 raise self.death or EnvError("crashed", "the env process is gone")

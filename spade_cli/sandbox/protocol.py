@@ -34,6 +34,9 @@ from typing import Any
 import msgspec
 
 HEADER = struct.Struct(">I")
+# The env side of this module runs in the env's interpreter, where the env may patch builtins
+# (``builtins.len = ...``): the names it uses are bound here, at import, in the zygote.
+len, memoryview, bytes = len, memoryview, bytes  # noqa: PLW0127
 
 
 class FrameError(Exception):
@@ -113,12 +116,15 @@ REQUESTS = msgspec.msgpack.Decoder(Load | Reset | Step | CheckEnv)
 HELLO = msgspec.msgpack.Decoder(Ready | SetupFailed)
 REPLIES = {Load: msgspec.msgpack.Decoder(Loaded | Failed), Reset: msgspec.msgpack.Decoder(ResetDone | Failed),
            Step: msgspec.msgpack.Decoder(StepDone | Failed), CheckEnv: msgspec.msgpack.Decoder(Checked | Failed)}
-_encode = msgspec.msgpack.Encoder().encode
+_encode_into = msgspec.msgpack.Encoder().encode_into
 
 
-def pack(obj: Any) -> bytes:
-    body = _encode(obj)
-    return HEADER.pack(len(body)) + body
+def pack(obj: Any) -> bytearray:
+    """One frame: the body encoded straight after room for its length (no second copy)."""
+    frame = bytearray(HEADER.size)
+    _encode_into(obj, frame, HEADER.size)
+    HEADER.pack_into(frame, 0, len(frame) - HEADER.size)
+    return frame
 
 
 def unpack(body: bytes, decoder: msgspec.msgpack.Decoder | None = None) -> Any:
@@ -134,10 +140,12 @@ def unpack(body: bytes, decoder: msgspec.msgpack.Decoder | None = None) -> Any:
 
 def send(fd: int, obj: Any) -> None:
     """Blocking write of one whole frame (used by both sides; frames sent to envs are small)."""
-    view = memoryview(pack(obj))
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+    frame = pack(obj)
+    n = os.write(fd, frame)
+    if n < len(frame):  # a frame larger than the socket buffer: finish it piece by piece
+        view = memoryview(frame)[n:]
+        while view:
+            view = view[os.write(fd, view):]
 
 
 class BlockingReader:
@@ -146,7 +154,16 @@ class BlockingReader:
     def __init__(self, fd: int, max_bytes: int):
         self.fd, self.max_bytes, self.buf = fd, max_bytes, bytearray()
 
-    def recv(self) -> bytes:
+    def recv(self) -> bytes | memoryview:
+        if not self.buf:  # the usual case: one read brings exactly one whole frame
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                raise FrameError("eof")
+            if len(chunk) >= HEADER.size and HEADER.unpack_from(chunk)[0] == len(chunk) - HEADER.size:
+                if len(chunk) - HEADER.size > self.max_bytes:
+                    raise FrameError("too_large", f"{len(chunk) - HEADER.size} bytes")
+                return memoryview(chunk)[HEADER.size:]
+            self.buf += chunk
         while True:
             if len(self.buf) >= HEADER.size:
                 (size,) = HEADER.unpack_from(self.buf)
@@ -223,7 +240,7 @@ class FrameReader:
         del self.buf[:HEADER.size + size]
         return body
 
-    def read(self, deadline: float) -> bytes:
+    def read(self, deadline: float) -> bytes | memoryview:
         """One frame's body, or FrameError when the deadline (``time.monotonic``) passes first."""
         while True:
             body = self._frame_ready()
@@ -244,6 +261,10 @@ class FrameReader:
                 if not data:
                     self._drain_output()
                     raise FrameError("eof")
+                if not self.buf and len(data) >= HEADER.size:  # one read, one whole frame: no copy
+                    (size,) = HEADER.unpack_from(data)
+                    if size == len(data) - HEADER.size and size <= self.max_frame:
+                        return memoryview(data)[HEADER.size:]
                 self.buf += data
                 if len(self.buf) > self.max_frame + HEADER.size:
                     self._frame_ready()  # raises too_large for an oversized header

@@ -262,6 +262,16 @@ def _runtime_paths() -> list[str]:
     return sorted(p for p in paths if os.path.exists(p))
 
 
+def _remove_dir(path: str) -> None:
+    """An env's dir. Usually empty here (its files were on a tmpfs in the env's own mount
+    namespace): one rmdir, not rmtree's Python walk, which the zygote would pay for in copied
+    pages after every fork."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _status(st: int) -> dict:
     if os.WIFSIGNALED(st):
         return {"signal": os.WTERMSIG(st)}
@@ -356,7 +366,7 @@ class Zygote:
         self.reap_dropped()
         op = req.get("op")
         if op == "spawn":
-            reply = self.spawn(protocol.pack(req["spec"])[4:], fds)
+            reply = self.spawn(bytes(protocol.pack(req["spec"])[4:]), fds)
         elif op == "kill":
             reply = self.kill(req["pid"])
         elif op == "drop":
@@ -412,7 +422,7 @@ class Zygote:
                 done = pid
             if done:
                 self.dying.discard(pid)
-                shutil.rmtree(self.children.pop(pid), ignore_errors=True)
+                _remove_dir(self.children.pop(pid))
 
     def kill(self, pid: int) -> dict:
         """SIGKILL an env process group, reap it, and say how it ended."""
@@ -426,7 +436,7 @@ class Zygote:
                     pass
             _, st = os.waitpid(pid, 0)
             reply = _status(st)
-            shutil.rmtree(self.children.pop(pid), ignore_errors=True)
+            _remove_dir(self.children.pop(pid))
         _reap_strays({**self.children, **({self.ready[0]: ""} if self.ready else {})})
         return reply
 
