@@ -12,6 +12,7 @@ Skipped, with the reason, where slurm-wlm and munge are not installed (.ci/run i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,3 +112,62 @@ def test_a_failing_stage_fails_the_job_visibly(cluster, tiny_model, tmp_path):
     info = cluster.wait(job, timeout=300)
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", info
     assert "error" in _log(tmp_path).lower()
+
+
+# The multi-node driver with CPU settings: no fleet (the shards load the tiny model themselves), every
+# job on one CPU of the one node; one iteration with a 2-task rollout array and both evals.
+DRIVER_ENV = {"BACKEND": "hf", "ROLLOUT_BACKEND": "hf", "SERVE": "0", "UPDATE_CMD": "spade",
+              "UPDATE_ARGS": "--learning-rate 1e-3", "UPDATE_NODES": "1", "SHARDS": "2", "POOL": "starter",
+              "ITERS": "1", "N_ENVS": "2", "K": "2", "MAX_TURNS": "2", "ROLLOUT_ARGS": "--max-new-tokens 8",
+              "EVAL_EVERY": "1", "EVAL_TASKS": "lm:spade_tiny_qa", "EVAL_LIMIT": "2",
+              "EVAL_ARGS": "--max-tokens 4 --batch-size 2", "SBATCH_ARGS": " ".join(CPU_SBATCH), "POLL_S": "1",
+              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _driver(cluster, cwd: Path, tiny_model: Path, **env: str) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    environ = {**os.environ, **cluster.env, **DRIVER_ENV, "MODEL": str(tiny_model), "RUN": "run",
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", str(REPO / "recipes" / "slurm" / "multi_node" / "driver.sh")], cwd=cwd,
+                          env=environ, capture_output=True, text=True, timeout=1500)
+
+
+def _queue(cluster) -> str:
+    return cluster.run("squeue", "-h", "-o", "%i %j %T %r").strip()
+
+
+@pytest.mark.slow
+def test_multi_node_driver_runs_an_iteration_as_a_dependency_chain(cluster, tiny_model, tmp_path):
+    res = _driver(cluster, tmp_path, tiny_model)
+    logs = res.stderr[-3000:] + "\n".join(p.read_text()[-1500:] for p in sorted((tmp_path / "logs").glob("*")))
+    assert res.returncode == 0, logs
+    run = tmp_path / "run"
+    for out in ("iter_0000/designs.jsonl", "iter_0000/validated.jsonl", "iter_0000/rollouts.shard-00-of-02.jsonl",
+                "iter_0000/rollouts.shard-01-of-02.jsonl", "iter_0000/scores.jsonl", "memory/iter_0001.jsonl",
+                "ckpt/iter_0001", "eval/iter_0000.jsonl", "eval/iter_0001.jsonl"):
+        assert (run / f"{out}.manifest.json").is_file() or (run / out).is_file(), f"{out} missing: {logs}"
+    assert (run / "ckpt" / "iter_0001.manifest.json").is_file()
+    # each stage ran as its own job, the shards as an array
+    names = {p.name.split("-")[1] for p in (tmp_path / "logs").glob("spade-*.out")}
+    assert {"design", "validate", "rollout", "regret", "update", "eval"} <= names, names
+    assert len(list((tmp_path / "logs").glob("spade-rollout-*_*.out"))) == 2
+    # the two shards together play every validated env, each in exactly one shard
+    shards = [{json.loads(x)["env_id"] for x in (run / "iter_0000" / f"rollouts.shard-0{s}-of-02.jsonl")
+               .read_text().splitlines()} for s in (0, 1)]
+    valid = {json.loads(x)["env_id"] for x in (run / "iter_0000" / "validated.jsonl").read_text().splitlines()
+             if json.loads(x).get("valid")}
+    assert shards[0] | shards[1] == valid and not shards[0] & shards[1]
+    # a rerun has nothing to submit
+    again = _driver(cluster, tmp_path, tiny_model)
+    assert again.returncode == 0 and "iteration 0: done" in again.stderr, again.stderr[-2000:]
+    assert not _queue(cluster)
+
+
+@pytest.mark.slow
+def test_a_failing_stage_of_the_driver_cancels_its_dependents_and_fails_the_driver(cluster, tiny_model, tmp_path):
+    res = _driver(cluster, tmp_path, tiny_model, MODEL=str(tmp_path / "no-such-model"), EVAL_EVERY="0")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "was not written (a job failed" in res.stderr
+    assert (tmp_path / "run" / "iter_0000" / "validated.jsonl.manifest.json").is_file()  # before the failure
+    assert not (tmp_path / "run" / "iter_0000" / "scores.jsonl").exists()
+    assert not _queue(cluster)  # the dependents were cancelled, not left PENDING

@@ -1,45 +1,152 @@
 #!/usr/bin/env bash
-# Multi-node driver: per iteration, CPU stages run here (or in a small job) and the GPU stages are
-# submitted as dependent jobs: serve fleet + rollout array → regret → update. Restartable: rerun it
-# and every finished stage is "up to date".
+# Multi-node driver: per iteration, submits the stages as Slurm jobs chained by dependencies,
+#   design → validate → rollout array (against a `vllm serve` fleet) → regret → update → eval,
+# waits for the chain, and goes on with the next iteration (whose design needs the new checkpoint).
+# Run it where jobs can be submitted (a login node, in tmux); it holds no resources itself.
 #
 #   MODEL=Qwen/Qwen3-8B RUN=runs/big ITERS=400 SHARDS=16 SERVE_NODES=4 UPDATE_NODES=2 \
 #   SITE_ENV=recipes/slurm/site.env bash recipes/slurm/multi_node/driver.sh
+#   # CPU only (what the Slurm test tier runs): no fleet, the shards load the model themselves
+#   MODEL=ckpt/tiny RUN=runs/cpu POOL=starter ITERS=1 SHARDS=2 SERVE=0 BACKEND=hf ROLLOUT_BACKEND=hf \
+#     UPDATE_CMD=spade UPDATE_ARGS= SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=1" bash recipes/slurm/multi_node/driver.sh
+#
+# The artifacts and the stage flags are those of recipes/loop.sh (the same layout, from
+# `spade paths --shell`; the memory by iteration; the same knobs), so a run may move between the two.
+# Restartable: a stage whose manifest exists is not submitted again, and a rerun of this script
+# after any failure resumes at the first incomplete stage. Do not rerun it while the jobs of an
+# earlier run are still queued: their outputs are locked and the new jobs would fail at once.
+# Every job is submitted with --kill-on-invalid-dep=yes: when a stage fails, Slurm cancels the
+# jobs that depend on it (none is left PENDING forever) and this script exits 1 naming the stage.
+# Every job but the fleet has --requeue and --signal: on SIGTERM (time limit, preemption) its stage
+# stops at a unit boundary, keeps its partial and the job requeues itself; its dependents wait.
 set -euo pipefail
+[[ -n "${CONFIG:-}" ]] && source "$CONFIG"
 [[ -n "${SITE_ENV:-}" ]] && source "$SITE_ENV"
-MODEL="${MODEL:?}"; RUN="${RUN:-runs/spade}"; ITERS="${ITERS:-400}"; SHARDS="${SHARDS:-16}"
-SERVE_NODES="${SERVE_NODES:-4}"; UPDATE_NODES="${UPDATE_NODES:-2}"; N_ENVS="${N_ENVS:-24}"; SEED="${SEED:-0}"
-HERE="$(cd "$(dirname "$0")" && pwd)"
-echo "== multi-node driver: RUN=$RUN MODEL=$MODEL ITERS=$ITERS SHARDS=$SHARDS" >&2
+MODEL="${MODEL:?set MODEL to the initial checkpoint (a local directory or a hub id)}"
+RUN="${RUN:-runs/spade}"; ITERS="${ITERS:-400}"; SEED="${SEED:-0}"
+N_ENVS="${N_ENVS:-24}"; GROUP="${GROUP:-4}"
+SHARDS="${SHARDS:-16}"; SERVE="${SERVE:-1}"; SERVE_NODES="${SERVE_NODES:-4}"; UPDATE_NODES="${UPDATE_NODES:-2}"
+BACKEND="${BACKEND:-vllm}"               # design and eval, on one GPU each
+export ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-openai}"  # openai: the fleet of serve.sbatch (SERVE=1)
+CORPUS="${CORPUS:-}"; GROUNDING="${GROUNDING:-1}"; MEMORY="${MEMORY:-1}"; SIGNAL="${SIGNAL:-regret}"
+REPLAY="${REPLAY:-0}"; POOL="${POOL:-}"; FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"
+EVAL_EVERY="${EVAL_EVERY:-25}"; EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:50}"; EVAL_LIMIT="${EVAL_LIMIT:-}"
+DESIGN_ARGS="${DESIGN_ARGS:-}"; VALIDATE_ARGS="${VALIDATE_ARGS:-}"; REGRET_ARGS="${REGRET_ARGS:-}"
+EVAL_ARGS="${EVAL_ARGS:-}"; UPDATE_ARGS_BASE="${UPDATE_ARGS-"--bf16 --gradient-checkpointing"}"
+SBATCH_ARGS="${SBATCH_ARGS:-}"           # added to every sbatch, last (they win): account, partition, CPU runs
+POLL_S="${POLL_S:-30}"
+# read by rollout_array.sbatch and update.sbatch through --export=ALL
+export K="${K:-8}" MAX_TURNS="${MAX_TURNS:-16}" SEED ROLLOUT_ARGS="${ROLLOUT_ARGS:-}" RUN
+export SPADE_REPO="${SPADE_REPO:-$(cd "$(dirname "$0")/../../.." && pwd)}"
+HERE="$SPADE_REPO/recipes/slurm/multi_node"
+echo "== multi-node driver: RUN=$RUN MODEL=$MODEL ITERS=$ITERS SHARDS=$SHARDS SERVE=$SERVE" \
+     "BACKEND=$BACKEND ROLLOUT_BACKEND=$ROLLOUT_BACKEND POOL=${POOL:-none} EVAL_EVERY=$EVAL_EVERY" >&2
+mkdir -p logs "$RUN"
+
+# submit [SBATCH OPTIONS...] SCRIPT [ARGS...]: prints the job id
+submit() {
+  local opts=()
+  while [[ "$1" != *.sbatch ]]; do opts+=("$1"); shift; done
+  # shellcheck disable=SC2086
+  sbatch --parsable --kill-on-invalid-dep=yes --export=ALL "${opts[@]}" $SBATCH_ARGS "$@" | cut -d';' -f1
+}
+done_() { [[ -f "$1.manifest.json" ]]; }
+gone() { [[ -z "$(squeue -h -j "$1" -o %i 2>/dev/null)" ]]; }
+wait_gone() { while ! gone "$1"; do sleep "$POLL_S"; done; }
+serve_job=""
+trap '[[ -z "$serve_job" ]] || scancel "$serve_job" 2>/dev/null || true' EXIT
+eval_flags=(--tasks "$EVAL_TASKS" --backend "$BACKEND")
+[[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
+gpu=(--gpus-per-node=1) cpu=(--gpus-per-node=0 --cpus-per-task=4)
+
 for ((i = 0; i < ITERS; i++)); do
-  p() { spade paths "$RUN" -i "$i" --key "$1"; }
-  ckpt="$(p ckpt)"; ((i == 0)) && ckpt="$MODEL"
-  [[ -f "$(p next_ckpt).manifest.json" ]] && continue   # iteration complete
-  # design + validate on a GPU node through vLLM (short jobs), waiting for completion
-  # the memory of this iteration (absent in iteration 0; never changed once written, so a rerun of
-  # any stage of this iteration sees the inputs of its first run)
-  mem=(); [[ -f "$(p memory)" ]] && mem=(--memory "$(p memory)")
-  srun --gpus=1 --time=01:00:00 spade design --model "$ckpt" --backend vllm --n "$N_ENVS" --iteration "$i" \
-    --seed "$SEED" --out "$(p designs)" "${mem[@]}"
-  spade validate --designs "$(p designs)" --out "$(p validated)" "${mem[@]}"
-  serve=$(sbatch --parsable --nodes="$SERVE_NODES" --export=ALL,CKPT="$ckpt",RUN="$RUN" "$HERE/serve.sbatch")
-  fleet_ready() {
-    [[ -s "$RUN/servers.txt" ]] || return 1
-    local s
-    while read -r s; do curl -sf "http://$s/health" >/dev/null || return 1; done < "$RUN/servers.txt"
-  }
-  # wait (bounded) until every server of the fleet answers its health check
-  for ((t = 0; ; t += 10)); do
-    fleet_ready && break
-    ((t < ${SERVE_WAIT_S:-1800})) || { echo "vllm fleet not ready after ${SERVE_WAIT_S:-1800}s" >&2; exit 1; }
-    sleep 10
+  eval "$(spade paths "$RUN" --iteration "$i" --shell)"
+  ((i == 0)) && ckpt="$MODEL"
+  designer="$ckpt"; [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
+  eval_due=0
+  ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)) && eval_due=1
+  if done_ "$next_ckpt" && { ((eval_due == 0)) || done_ "$next_eval"; } \
+      && { ((i > 0 || EVAL_EVERY == 0)) || done_ "$eval"; }; then
+    echo "== iteration $i: done" >&2
+    continue
+  fi
+  echo "== iteration $i (model: $ckpt)" >&2
+  waits=() after=""   # the jobs to wait for; the last job of the chain so far
+  dep() { [[ -z "$after" ]] || echo "--dependency=afterok:$after"; }
+  if ((i == 0 && EVAL_EVERY > 0)) && ! done_ "$eval"; then   # the curve's starting point: MODEL itself
+    # shellcheck disable=SC2086
+    waits+=("$(submit "${gpu[@]}" --job-name=spade-eval "$HERE/stage.sbatch" \
+      spade eval --model "$MODEL" "${eval_flags[@]}" --out "$eval" $EVAL_ARGS)")
+  fi
+
+  if ! done_ "$designs"; then
+    if [[ -n "$POOL" ]]; then
+      flags=(--pool "$POOL") res=("${cpu[@]}")
+    else
+      flags=(--model "$designer" --group "$GROUP" --backend "$BACKEND") res=("${gpu[@]}")
+      if [[ "$GROUNDING" == 1 ]]; then [[ -n "$CORPUS" ]] && flags+=(--corpus "$CORPUS")
+      else flags+=(--no-grounding); fi
+      [[ "$MEMORY" == 1 && -f "$memory" ]] && flags+=(--memory "$memory")
+    fi
+    # shellcheck disable=SC2086
+    after="$(submit "${res[@]}" --job-name=spade-design "$HERE/stage.sbatch" spade design "${flags[@]}" \
+      --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS)"
+  fi
+  if ! done_ "$validated"; then
+    flags=(); [[ -f "$memory" && -z "$POOL" ]] && flags+=(--memory "$memory")
+    # shellcheck disable=SC2086
+    after="$(submit "${cpu[@]}" $(dep) --job-name=spade-validate "$HERE/stage.sbatch" \
+      spade validate --designs "$designs" --out "$validated" "${flags[@]}" $VALIDATE_ARGS)"
+  fi
+
+  envs=(--envs "$validated")
+  ((i > 0)) && [[ -f "$prev_replay" ]] && envs+=(--envs "$prev_replay")
+  # (the iteration's directory appears only when its design job runs)
+  shards_done=$({ find "$iter_dir" -maxdepth 1 \
+                  -name "rollouts.shard-*-of-$(printf %02d "$SHARDS").jsonl.manifest.json" 2>/dev/null || true; } | wc -l)
+  if ((shards_done < SHARDS)) && ! done_ "$scores"; then
+    export ITER="$i" CKPT="$ckpt" SERVERS=""
+    serve_dep=()
+    if [[ "$SERVE" == 1 ]]; then   # the fleet starts while design and validate run
+      serve_job="$(submit --nodes="$SERVE_NODES" "$HERE/serve.sbatch")"
+      SERVERS="$RUN/servers-$serve_job.txt"
+      serve_dep=("--dependency=${after:+afterok:$after,}after:$serve_job")
+    fi
+    if ((${#serve_dep[@]} == 0)); then serve_dep=($(dep)); fi
+    arr="$(submit "${serve_dep[@]}" --array=0-$((SHARDS - 1)) "$HERE/rollout_array.sbatch")"
+    after="$arr"
+  fi
+  if ! done_ "$scores"; then
+    flags=(--signal "$SIGNAL" --iteration "$i" --memory-out "$next_memory")
+    [[ -f "$memory" ]] && flags+=(--memory "$memory")
+    ((REPLAY > 0)) && flags+=(--replay "$REPLAY" --replay-out "$replay")
+    # shellcheck disable=SC2086
+    after="$(submit "${cpu[@]}" $(dep) --job-name=spade-regret "$HERE/stage.sbatch" \
+      spade regret "${envs[@]}" --rollouts "$rollouts_glob" --out "$scores" "${flags[@]}" $REGRET_ARGS)"
+  fi
+  if ! done_ "$next_ckpt"; then
+    export ITER="$i" CKPT="$ckpt" UPDATE_ARGS="$UPDATE_ARGS_BASE"
+    [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && UPDATE_ARGS+=" --designer-weight 0"
+    after="$(submit $(dep) --nodes="$UPDATE_NODES" "$HERE/update.sbatch")"
+  fi
+  if ((eval_due)) && ! done_ "$next_eval"; then
+    # shellcheck disable=SC2086
+    after="$(submit "${gpu[@]}" $(dep) --job-name=spade-eval "$HERE/stage.sbatch" \
+      spade eval --model "$next_ckpt" "${eval_flags[@]}" --out "$next_eval" $EVAL_ARGS)"
+  fi
+  [[ -n "$after" ]] && waits+=("$after")
+
+  if [[ -n "$serve_job" ]]; then   # the fleet is needed only while the array runs
+    wait_gone "$arr"
+    scancel "$serve_job" 2>/dev/null || true
+    serve_job=""
+  fi
+  for j in "${waits[@]}"; do wait_gone "$j"; done
+  for out in "$designs" "$validated" "$scores" "$next_ckpt" \
+             $( ((eval_due)) && echo "$next_eval") $( ((i == 0 && EVAL_EVERY > 0)) && echo "$eval"); do
+    done_ "$out" || { echo "iteration $i: $out was not written (a job failed; its dependents were" \
+                           "cancelled); see logs/ and rerun this script to resume" >&2; exit 1; }
   done
-  arr=$(sbatch --parsable --wait --array=0-$((SHARDS - 1)) --export=ALL,RUN="$RUN",ITER="$i",MODEL="$MODEL" \
-    "$HERE/rollout_array.sbatch")
-  scancel "$serve"
-  spade regret --envs "$(p validated)" --rollouts "$(p rollouts_glob)" --out "$(p scores)" \
-    "${mem[@]}" --memory-out "$(p next_memory)" --iteration "$i"
-  sbatch --wait --nodes="$UPDATE_NODES" --export=ALL,RUN="$RUN",ITER="$i",MODEL="$MODEL" "$HERE/update.sbatch"
-  echo "== iteration $i done (rollout array $arr)" >&2
+  echo "== iteration $i done" >&2
 done
 spade report "$RUN"
