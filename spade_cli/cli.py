@@ -30,7 +30,7 @@ PANEL_LOOP = "The loop"
 PANEL_HELPERS = "Helpers"
 
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
-NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every"}
+NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads"}
 
 
 def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | None:
@@ -98,16 +98,49 @@ class SpadeCommand(TyperCommand):
     one-word columns and cut long option names with an ellipsis. So: short metavars (INT, FILE,
     none for a switch) unless a command set one, and docstring paragraphs joined into one line
     each so that rich wraps them to the terminal (a paragraph starting with \\b keeps its lines).
+
+    Every command also takes ``--threads`` (spade_cli/threads.py), applied before the command's
+    body runs, hence before it imports torch.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if not any(p.name == "threads" for p in self.params):
+            self.params.append(_threads_option())
         for param in self.get_params(typer.Context(self)):  # get_params: --help included
             if param.metavar is None:
                 param.metavar = _metavar(param) if isinstance(param, TyperOption) else param.name.upper()
         if self.help:
             paras = inspect.cleandoc(self.help).split("\n\n")
             self.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paras)
+
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        from spade_cli import threads
+
+        n, source = threads.resolve(ctx.params.pop("threads", None), ctx.info_name or "", ctx.params)
+        threads.apply(n, source)
+        return super().invoke(ctx)
+
+
+def _check_threads(ctx: typer.Context, param: Any, value: str | None) -> int | None:
+    from spade_cli import threads
+
+    try:
+        return threads.parse(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _threads_option() -> TyperOption:
+    """``--threads``, built by typer from an annotation like every other option (typer has no
+    public call for one option outside a function signature)."""
+    from typer.main import _get_param
+    from typer.models import ParamMeta
+
+    info = typer.Option("auto", "--threads", envvar="SPADE_THREADS", metavar="N|auto", callback=_check_threads,
+                        help="torch/OpenMP threads; auto: free cores minus sandbox workers.")
+    return _get_param(ParamMeta(name="threads", default=info, annotation=Annotated[str, info]))
 
 
 def resolved_config(ctx: typer.Context) -> dict[str, Any]:
