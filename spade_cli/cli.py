@@ -50,7 +50,8 @@ def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | N
         name = str(key).replace("-", "_")
         if name not in names or name == "config":
             raise typer.BadParameter(f"{value}: unknown option {key!r} for `spade {ctx.info_name}`")
-        mapped[name] = val
+        # `threads: 4` is a YAML int; the option is text because it also takes `auto`
+        mapped[name] = str(val) if name == "threads" and isinstance(val, int) else val
     ctx.default_map = {**(ctx.default_map or {}), **mapped}
     return value
 
