@@ -167,3 +167,16 @@ def test_paths_come_from_the_layout(tmp_path):
     shell = dict(line.split("=", 1) for line in res.output.splitlines())
     assert shell["designs"] == "'" + str(tmp_path / "run with space" / "iter_0007" / "designs.jsonl") + "'"
     assert re.search("choose one of", CliRunner().invoke(app, ["paths", "r", "--key", "x"]).output)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", _commands())
+def test_every_command_takes_threads_and_leaves_it_out_of_the_config(name):
+    from typer.main import get_command
+
+    cmd = get_command(app).commands[name]
+    opt = next((p for p in cmd.params if p.name == "threads"), None)
+    assert opt is not None and opt.envvar == "SPADE_THREADS", f"`spade {name}` has no --threads"
+    from spade_cli.cli import NON_SEMANTIC
+
+    assert "threads" in NON_SEMANTIC
