@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,8 @@ def test_the_plan_is_arms_by_seeds_and_a_bad_arm_or_cell_is_refused(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # four 2-iteration loops of the tiny model, one after another
+@pytest.mark.slow  # four 2-iteration loops of the tiny model, one after another (about 11 min under load)
+@pytest.mark.timeout(2400)
 def test_two_arms_by_two_seeds_end_to_end_give_the_table_and_the_curves(tiny_model, tmp_path):
     env = {**SMALL, "MODEL": str(tiny_model), "ARMS": "spade hand_curated", "SEEDS": "0 1"}
     res = _experiment(tmp_path, timeout=3000, **env)
@@ -87,4 +89,4 @@ def test_two_arms_by_two_seeds_end_to_end_give_the_table_and_the_curves(tiny_mod
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     again = _experiment(tmp_path, timeout=600, **env)  # restart: every cell is done, the table is rewritten
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count(": done") == 4 and "== cell" not in again.stderr.replace("== cell 0 (", "")
+    assert again.stderr.count(": done") == 4 and not re.search(r"== cell \d+: ", again.stderr)  # none ran
