@@ -9,12 +9,15 @@ does). `stages/regret.py` feeds them the streamed rollout returns and the enviro
   cancels): ``t(0.975, n-1) * sd(d) / sqrt(n)``. Otherwise (a shard missing, an episode dropped) it
   falls back to Welch's unpaired interval ``t(0.975, min(n_h, n_u) - 1) * sqrt(s_h²/n_h + s_u²/n_u)``,
   with the conservative degrees of freedom instead of Welch–Satterthwaite.
-- ``ema_lp``: Syllabus' learning progress (Kanitscheider et al. 2021) over an env's per-iteration
-  unhinted success rates: ``fast <- a*p + (1-a)*fast``, ``slow <- a*fast + (1-a)*slow`` (a = 0.1),
-  both starting at 0 ("an unseen task is unsolved", as in Syllabus' original curriculum); then
-  ``LP = |rw(fast) - rw(slow)|`` with ``rw(p) = p(1-t) / (p + t(1-2p))``, t = 0.1. Starting both
-  EMAs at the first observation (newer Syllabus) would give every new design exactly 0, leaving the
-  Designer's GRPO groups without signal.
+- ``ema_lp``: learning progress as in Kanitscheider et al. 2021 (arXiv:2106.14876; the form of
+  Syllabus' ``LearningProgressCurriculum``) over an env's per-iteration unhinted success rates
+  p_1..p_T: ``fast <- a*p + (1-a)*fast``, ``slow <- a*fast + (1-a)*slow`` (a = 0.1), then
+  ``LP = |rw(fast) - rw(slow)|`` with Syllabus' reweighting ``rw(p) = p(1-t) / (p + t(1-2p))``,
+  t = 0.1 (its code calls it "the reweighting function from the paper"). Both EMAs start at the
+  env's first observation p_1, so a single observation has LP 0 and a constant history (always
+  solved, never solved) stays at 0: only a change in success scores. Syllabus starts both at 0,
+  which for envs that appear at different iterations would score an env by how well it is already
+  solved (histories [1] and [1, 1] above a real progress [0, 1]).
 - ``learnability``: ``p(1-p)`` (Syllabus/SFL), p the unhinted success rate.
 - ``replay_priorities``: PLR (Jiang et al. 2021; minimax ``plr.py``) over past envs:
   ``P = (1-rho) * P_S + rho * P_C`` with ``P_S(i) ∝ (1/rank_i)^(1/beta)`` on the score (positive
@@ -110,9 +113,12 @@ def _reweight(p: float, theta: float = LP_THETA) -> float:
 
 
 def ema_lp(successes: Sequence[float], alpha: float = EMA_ALPHA, theta: float = LP_THETA) -> float:
-    """Learning progress after the success rates of an env's iterations, oldest first."""
-    fast = slow = 0.0
-    for p in successes:
+    """Learning progress after the success rates of an env's iterations, oldest first; 0 for one
+    observation (both EMAs start there) or none."""
+    if not successes:
+        return 0.0
+    fast = slow = float(successes[0])
+    for p in successes[1:]:
         fast = alpha * p + (1.0 - alpha) * fast
         slow = alpha * fast + (1.0 - alpha) * slow
     return abs(_reweight(fast, theta) - _reweight(slow, theta))

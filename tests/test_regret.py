@@ -56,11 +56,15 @@ def test_learnability_and_success() -> None:
 
 
 def test_ema_lp_by_hand() -> None:
-    # one success rate 1: fast 0.1, slow 0.01; rw(0.1) = 0.09/0.18 = 0.5, rw(0.01) = 0.009/0.108
-    assert curriculum.ema_lp([1.0]) == pytest.approx(0.5 - 0.009 / 0.108)
-    # [1, 1]: fast 0.19, slow 0.028; rw(0.19) = 0.171/0.252, rw(0.028) = 0.0252/0.1224
-    assert curriculum.ema_lp([1.0, 1.0]) == pytest.approx(0.171 / 0.252 - 0.0252 / 0.1224)
-    assert curriculum.ema_lp([0.0, 0.0]) == 0.0
+    # both EMAs start at the first observation: one observation, mastery and never-solved score 0
+    assert curriculum.ema_lp([1.0]) == 0.0
+    assert curriculum.ema_lp([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert curriculum.ema_lp([0.0, 0.0, 0.0, 0.0]) == 0.0
+    # progress [0, 0, 1, 1]: from 0, fast 0.1 then 0.19, slow 0.01 then 0.028;
+    # rw(0.19) = 0.171/0.252, rw(0.028) = 0.0252/0.1224
+    assert curriculum.ema_lp([0.0, 0.0, 1.0, 1.0]) == pytest.approx(0.171 / 0.252 - 0.0252 / 0.1224)
+    # forgetting is progress too (the absolute value): from 1, fast 0.9, slow 0.99
+    assert curriculum.ema_lp([1.0, 0.0]) == pytest.approx(0.99 * 0.9 / (0.99 - 0.098) - 0.81 / (0.9 - 0.08))
     assert curriculum.designer_reward("ema_lp", {"success_history": []}) is None
 
 
