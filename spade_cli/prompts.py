@@ -64,8 +64,16 @@ Hint: <the privileged hint, a few sentences>
 INTRO_EXAMPLE = "Here is an example of a complete answer in the required format."
 NO_DOC = ("Choose any domain you like for the new environment.")
 REQUEST = ("Now design a NEW environment{grounded}. Make it different from the example and from "
-           "the environments in memory, and aim for a task the agent can learn: solvable with the "
-           "hint, not yet solved without it.")
+           "the environments in memory, and aim for {aim}.")
+# What each Designer signal rewards, said neutrally: the prompt must not describe one signal while
+# `spade regret` scores another (the ablation would then compare prompts, not signals).
+AIMS = {
+    "regret": "a task the agent can learn: solvable with the hint, not yet solved without it",
+    "ema_lp": ("a task on which the agent's success without the hint changes from one iteration to "
+               "the next as it trains"),
+    "learnability": ("a task the agent solves without the hint only some of the time (the reward is "
+                     "p(1-p), p its success rate)"),
+}
 
 
 def label(unhinted: float | None, hinted: float | None, regret: float | None) -> str:
@@ -121,9 +129,13 @@ def format_answer(title: str, code: str, hint: str) -> str:
     return f"Title: {title}\n```python\n{code.rstrip()}\n```\nHint: {hint.strip()}\n"
 
 
-def build_messages(example: dict | None, doc_text: str | None, memory_text: str | None) -> list[dict]:
+def build_messages(example: dict | None, doc_text: str | None, memory_text: str | None,
+                   signal: str = "regret") -> list[dict]:
     """The Designer prompt as chat messages. ``example`` is ``{title, code, hint}``, or None for a
-    compact prompt without a worked example (the system message still states the format)."""
+    compact prompt without a worked example (the system message still states the format);
+    ``signal`` (a key of ``AIMS``) is the Designer reward `spade regret` will use."""
+    if signal not in AIMS:
+        raise ValueError(f"unknown signal {signal!r}; choose {', '.join(AIMS)}")
     parts = []
     if example:
         parts += [INTRO_EXAMPLE, format_answer(example["title"], example["code"], example["hint"]).rstrip()]
@@ -135,7 +147,8 @@ def build_messages(example: dict | None, doc_text: str | None, memory_text: str 
         parts.append(NO_DOC)
     if memory_text:
         parts.append(memory_text)
-    parts.append(REQUEST.format(grounded=" grounded in the document" if doc_text is not None else ""))
+    parts.append(REQUEST.format(grounded=" grounded in the document" if doc_text is not None else "",
+                                aim=AIMS[signal]))
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
