@@ -7,7 +7,8 @@ sandbox, then prints, from the same run:
   batch fits one call);
 * orchestration overhead per episode-turn, excluding generation and env steps (rendering,
   tokenizing, bookkeeping), as a ratio against the generation time per episode-turn;
-* the sandbox's share of rollout wall time, and the cost of a sandboxed env step as a ratio against
+* the sandbox's share of rollout wall time (the zygote's start, once per stage, is timed and
+  printed apart), and the cost of a sandboxed env step as a ratio against
   the same env stepped in-process (a baseline measured in the same run).
 
 The tiny model generates in microseconds, so its sandbox share is an upper bound; ``--size small``
@@ -120,6 +121,9 @@ def main() -> None:
 
         play(backend, InProcessPool(), envs, args, EnvError)  # warm-up: kernels, allocator
         pool = SandboxPool(SandboxConfig())
+        t_zygote = time.perf_counter()
+        pool.prestart((0,))  # once per stage (a real stage overlaps it with loading the model)
+        t_zygote = time.perf_counter() - t_zygote
         try:
             s, wall, calls = play(backend, pool, envs, args, EnvError)
         finally:
@@ -137,7 +141,8 @@ def main() -> None:
     print(f"generation per episode-turn (baseline):       {1e3 * gen_per_turn:.3f} ms")
     print(f"orchestration per episode-turn (no gen/env):  {1e3 * orch / turns:.3f} ms  "
           f"= {orch / max(s.gen_s, 1e-9):.3f} x generation")
-    print(f"sandbox share of rollout wall time:           {100 * s.env_s / wall:.2f} %")
+    print(f"sandbox share of rollout wall time:           {100 * s.env_s / wall:.2f} %  "
+          f"(zygote start, once per stage, not in it: {t_zygote:.2f} s)")
     print(f"env phase per episode-turn, sandbox vs in-process: {1e3 * step_sandbox:.3f} ms vs "
           f"{1e3 * step_inproc:.3f} ms = {step_sandbox / max(step_inproc, 1e-9):.1f} x")
     print(f"in-process run for comparison: wall {bwall:.2f} s, generation {b.gen_s:.2f} s")

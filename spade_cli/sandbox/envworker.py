@@ -265,9 +265,12 @@ class EnvWorker:
             if proc is None:
                 raise EnvError("step_exception", f"no open episode {episode!r} (reset it first)")
             r = self._timed(episode, proc, protocol.Step(action=action), self.cfg.step_timeout_s, "step")
-            obs = self._checked(proc, check_obs, r.obs, self.cfg.max_obs_chars)
-            return obs, self._checked(proc, check_reward, r.reward), r.term, r.trunc, \
-                self._checked(proc, check_info, r.info)
+            try:  # _checked's rule, in one block on the hot path
+                return (check_obs(r.obs, self.cfg.max_obs_chars), check_reward(r.reward), r.term, r.trunc,
+                        check_info(r.info))
+            except Rejected as rej:
+                raise self._die("sandbox_violation", f"a reply fails the {rej.reason} check: {rej.detail}",
+                                proc) from None
 
     def check_env(self) -> dict:
         """gymnasium's checker, in a process of its own (it builds and resets an instance)."""
