@@ -103,6 +103,18 @@ def env_stats(st: dict | None, threshold: float) -> dict:
     return out
 
 
+def rollout_error_audit(stats: dict, max_error_rate: float) -> dict | None:
+    """The ``rollout_errors`` audit of one env's ``env_stats``: its figures when the failed share of
+    all its hinted + unhinted episodes exceeds ``max_error_rate``, else None."""
+    n = stats["hinted_n"] + stats["unhinted_n"]
+    failed = stats["hinted_errors"] + stats["unhinted_errors"]
+    if not n or failed / n <= max_error_rate:
+        return None
+    return {"audit": "rollout_errors", "episodes": n, "failed": failed,
+            "hinted_failed": stats["hinted_errors"], "unhinted_failed": stats["unhinted_errors"],
+            "error_rate": failed / n, "max_error_rate": max_error_rate}
+
+
 def learnability(p: float) -> float:
     return p * (1.0 - p)
 

@@ -140,13 +140,15 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
         embedding: str = "tfidf", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
-        force: bool = False) -> dict:
+        max_error_rate: float = 0.25, force: bool = False) -> dict:
     """Score one iteration; returns the summary dict (also stored in the manifest)."""
     t0 = time.time()
     if signal not in curriculum.SIGNALS:
         raise SpadeError(f"unknown signal {signal!r}; choose {', '.join(curriculum.SIGNALS)}")
     if replay and replay_out is None:
         raise SpadeError("--replay K needs --replay-out FILE")
+    if not 0.0 <= max_error_rate <= 1.0:
+        raise SpadeError(f"--max-error-rate must lie in [0, 1], got {max_error_rate}")
     out = Path(out)
     mem_out = Path(memory_out) if memory_out else None
     replay_path = Path(replay_out) if replay and replay_out else None
@@ -178,7 +180,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "replay_temperature": replay_temperature,
               "replay_staleness": replay_staleness, "embedding": embedding,
               "memory_out": str(mem_out) if mem_out else None, "audit": audit, "audit_seeds": audit_seeds,
-              "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward}
+              "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward,
+              "max_error_rate": max_error_rate}
     stage = Stage(STAGE, out, config, force=force, started=t0)
     stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
     if mem_path:
@@ -195,9 +198,16 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     played = {e: s for e, s in stats.items() if s["hinted_n"] or s["unhinted_n"]}
     replayed = {e: curriculum.env_stats(st, success_threshold) for e, st in per_env.items()
                 if e not in valid}
+    # the failed-episode rule: an env that breaks under play in too many episodes is invalid (and
+    # gets no seed audit: its reward is already the invalid one)
+    broken = {e: a for e, s in {**stats, **replayed}.items()
+              if (a := curriculum.rollout_error_audit(s, max_error_rate)) is not None}
     t_audit = time.time()
-    audited = _seed_audit(valid, per_env, audit_seeds) if audit else {}
+    audited = _seed_audit({e: v for e, v in valid.items() if e not in broken}, per_env,
+                          audit_seeds) if audit else {}
     flags = {e: ["seed_invariant"] for e, a in audited.items() if a["seed_invariant"]}
+    flags.update({e: ["rollout_errors"] for e in broken})
+    audited.update(broken)
     t_audit = time.time() - t_audit
     merged = merge_memory(mem_rows, it, {**played, **replayed}, valid)
     for r in merged:  # a flagged env keeps its flags in memory: never replayed, never "learnable"
@@ -214,6 +224,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         note = None
         if not rec.valid:
             reward, note = invalid_reward, f"invalid: {rec.reason or rec.parse_error or 'unknown'}"
+        elif rec.env_id in broken:  # failure rule 2: treated as invalid, whatever --flagged-reward says
+            reward, note = invalid_reward, "flagged: rollout_errors"
         elif rec.env_id in flags:
             reward, note = config["flagged_reward"], f"flagged: {', '.join(flags[rec.env_id])}"
         else:
@@ -268,7 +280,10 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_out else None, "replay": len(picked),
                "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done),
-               "audited": len(audited), "flagged": {"seed_invariant": len(flags)},
+               "episodes_failed": sum(st["h_err"] + st["u_err"] for st in per_env.values()),
+               "envs_rollout_errors": len(broken),
+               "audited": len(audited) - len(broken),
+               "flagged": {"seed_invariant": len(flags) - len(broken), "rollout_errors": len(broken)},
                "warnings": warnings}
     stage.warnings.extend(warnings)
     stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3),

@@ -57,6 +57,9 @@ def regret(
     audit_seeds: Annotated[int, typer.Option("--audit-seeds", min=1, help="Seeds each audit replays.")] = 4,
     flagged_reward: Annotated[float | None, typer.Option(
         "--flagged-reward", help="designer_reward of a flagged env (default: --invalid-reward).")] = None,
+    max_error_rate: Annotated[float, typer.Option(
+        "--max-error-rate", min=0.0, max=1.0, rich_help_panel=PANEL_SIGNAL,
+        help="An env whose failed episodes exceed this share is invalid (flag rollout_errors).")] = 0.25,
     config: ConfigOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -79,7 +82,8 @@ def regret(
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
                         replay_staleness=replay_staleness, embedding=embedding, audit=audit,
-                        audit_seeds=audit_seeds, flagged_reward=flagged_reward, force=force)
+                        audit_seeds=audit_seeds, flagged_reward=flagged_reward,
+                        max_error_rate=max_error_rate, force=force)
     warnings = summary.get("warnings", [])
     for w in warnings[:5]:  # one per env without rollouts can be many: the manifest keeps them all
         console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
