@@ -267,7 +267,7 @@ def run(dirs: list[str | Path], out_dir: str | Path, *, iteration: int | None = 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "compare.csv", to_csv(table))
     atomic_write_text(out / "compare.md", to_markdown(table))
-    written = write_curves(arms, table["benchmarks"], out) if plots else []
+    written = write_curves({a: arms[a] for a in table["arms"]}, table["benchmarks"], out) if plots else []
     return {"status": "ok", "out_dir": str(out), "csv": str(out / "compare.csv"), "markdown": str(out / "compare.md"),
             "plots": [str(p) for p in written], "arms": {a: [str(r) for r in arm_dirs[a]] for a in table["arms"]},
             "benchmarks": table["benchmarks"], "reference": table["reference"],
