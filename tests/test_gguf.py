@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import run_spade
 
-pytestmark = pytest.mark.real_model
+# minutes each on a busy CPU: converting the file alone took 97 s on two shared cores
+pytestmark = [pytest.mark.real_model, pytest.mark.timeout(3600)]
 
 
 def _smollm2_gguf() -> Path:
