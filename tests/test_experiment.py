@@ -54,7 +54,7 @@ def test_the_plan_is_arms_by_seeds_and_a_bad_arm_or_cell_is_refused(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # four 2-iteration loops of the tiny model, one after another (about 11 min under load)
+@pytest.mark.slow  # four 2-iteration loops of the tiny model, one after another (15 min under load)
 @pytest.mark.timeout(2400)
 def test_two_arms_by_two_seeds_end_to_end_give_the_table_and_the_curves(tiny_model, tmp_path):
     env = {**SMALL, "MODEL": str(tiny_model), "ARMS": "spade hand_curated", "SEEDS": "0 1"}
