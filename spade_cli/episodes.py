@@ -46,6 +46,7 @@ from typing import Any
 
 from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, render_chat
+from spade_cli.backends.thinking import Thinking, answer_only, generate_thinking, resolve_think_context
 from spade_cli.records import Rollout
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 
@@ -69,7 +70,12 @@ class PlayConfig:
     max_action_chars: int = 2000
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     enable_thinking: bool = True
+    think_tokens: int | None = None  # set: reasoning and answer get their own budgets (two phases)
+    answer_tokens: int | None = None  # default: max_new_tokens
+    think_overflow: str = "close"  # close | end (spade_cli.backends.thinking)
+    think_context: str = "auto"  # keep | drop | auto: earlier reasoning in the context or not
     error_return: float = 0.0
     quarantine_after: int = 3
     max_concurrent: int = 256
@@ -142,6 +148,19 @@ def to_action(reply: str, max_chars: int) -> str:
     return text.strip()[:max_chars]
 
 
+def _unclosed(reply: str) -> bool:
+    """The reply opened a reasoning block it never closed (it has no answer)."""
+    return "<think>" in THINK_RE.sub("", reply)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 class TemplateError(SpadeError):
     """The chat template rewrote earlier turns, so env tokens cannot be spliced exactly."""
 
@@ -167,12 +186,24 @@ class Episode:
     gen_tokens: int = 0
     per_turn: bool = False  # spliced turn by turn: the template rewrites history (see _turn_suffix)
     worker: Any = None  # the worker holding this episode's env; another one means replay first
+    context: list[int] | None = None  # think_context drop: the next prompt as the model sees it
+    turn_prompts: list[dict] = field(default_factory=list)  # drop: each turn's prompt and reply span
+    last_prompt: list[int] = field(default_factory=list)
+    pending_info: dict = field(default_factory=dict)  # reasoning figures of the pending reply
+
+    def gen_prompt(self) -> list[int]:
+        return self.context if self.context is not None else self.prompt_ids + self.completion_ids
+
+    @property
+    def context_tokens(self) -> int:
+        """What the episode budget bounds: the context of the next reply."""
+        return len(self.context) if self.context is not None else self.n_tokens
 
     @property
     def n_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
-    def record(self, error_return: float) -> Rollout:
+    def record(self, error_return: float, think_context: str = "keep") -> Rollout:
         s = self.spec
         return Rollout(
             episode_id=s.episode_id, env_id=s.env_id, iteration=s.iteration, hinted=s.hinted,
@@ -180,7 +211,9 @@ class Episode:
             return_=error_return if self.error else self.ret, terminated=self.terminated,
             truncated=self.truncated, error=self.error,
             tokens={"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
-                    "env_mask": self.env_mask, "logprobs": self.logprobs},
+                    "env_mask": self.env_mask, "logprobs": self.logprobs,
+                    "think_context": think_context,
+                    **({"turns": self.turn_prompts} if think_context == "drop" else {})},
             extra={"stop": self.stop, "agent_tokens": self.gen_tokens,
                    "splicing": "per_turn" if self.per_turn else "rendered"},
         )
@@ -233,6 +266,13 @@ class Engine:
         self.bad: dict[str, str] = {}  # quarantined env -> reason
         self.stats = Stats()
         self._turn_parts: tuple | None = None
+        self.think_context = resolve_think_context(self.tok, cfg)
+        self.thinking = None
+        if cfg.think_tokens is not None:
+            self.thinking = Thinking(cfg.think_tokens, cfg.answer_tokens or cfg.max_new_tokens,
+                                     cfg.think_overflow).bind(self.tok)
+        self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                 max_tokens=cfg.max_new_tokens)
 
     # -- rendering ---------------------------------------------------------------------------
     def _render_text(self, messages: list[dict], gen: bool) -> str:
@@ -335,7 +375,7 @@ class Engine:
                 w.close_episode(ep.spec.episode_id)
             except self.EnvError:
                 pass
-        self.emit(ep.record(self.cfg.error_return))
+        self.emit(ep.record(self.cfg.error_return, self.think_context))
         self.stats.done += 1
 
     def _fail(self, ep: Episode, reason: str) -> None:
@@ -351,7 +391,16 @@ class Engine:
                        {"role": "user", "content": obs}]
         ep.prompt_ids = render_chat(self.tok, ep.messages, enable_thinking=self.cfg.enable_thinking)
         ep.text = self._render_text(ep.messages, True)
+        if self.think_context == "drop":
+            ep.context = list(ep.prompt_ids)
+            ep.last_prompt = ep.prompt_ids
         return ep
+
+    def _drop_context(self, ep: Episode) -> list[int]:
+        """The next prompt with every earlier turn's reasoning removed (think_context drop)."""
+        chat = [{**m, "content": answer_only(m["content"])} if m["role"] == "assistant" else m
+                for m in ep.messages]
+        return render_chat(self.tok, chat, enable_thinking=self.cfg.enable_thinking)
 
     def _leaks(self, env_id: str, obs: str) -> bool:
         """validate's own hint-leak check (case and spacing ignored), enforced again here."""
@@ -376,7 +425,7 @@ class Engine:
             else:
                 ep = self._start(ep.spec, res[0])
                 ep.worker = res[1]
-                if ep.n_tokens + 1 > self.cfg.max_episode_tokens:  # the first prompt fills the budget
+                if ep.context_tokens + 1 > self.cfg.max_episode_tokens:  # the first prompt fills the budget
                     ep.truncated = True
                     self._finish(ep, "max_episode_tokens")
                 else:
@@ -416,7 +465,7 @@ class Engine:
         obs, reward, terminated, truncated, _info = res
         leak = self._leaks(ep.spec.env_id, obs)
         ep.turns.append({"action": ep.pending, "observation": LEAK_NOTE if leak else obs,
-                         "reward": float(reward)})
+                         "reward": float(reward), **ep.pending_info})
         ep.ret += float(reward)
         self.stats.turns += 1
         if leak:  # the hint must never reach an unhinted episode, not even in its record
@@ -428,11 +477,13 @@ class Engine:
             self._end(ep, "env" if terminated or truncated else "max_turns")
             return False
         ep.messages.append({"role": "user", "content": obs})
-        before = (len(ep.messages), ep.text, len(ep.completion_ids))
+        before = (len(ep.messages), ep.text, len(ep.completion_ids), ep.context)
         self._splice_env(ep, gen=True)
-        if ep.n_tokens + 1 > self.cfg.max_episode_tokens:  # no room for even one more agent token
+        if ep.context is not None:
+            ep.context = self._drop_context(ep)
+        if ep.context_tokens + 1 > self.cfg.max_episode_tokens:  # no room for even one more agent token
             ep.messages.pop()
-            ep.text = before[1]
+            ep.text, ep.context = before[1], before[3]
             del ep.completion_ids[before[2]:], ep.env_mask[before[2]:], ep.logprobs[before[2]:]
             ep.truncated = True
             self._end(ep, "max_episode_tokens")
@@ -447,22 +498,47 @@ class Engine:
         else:
             self._finish(ep, stop)
 
+    def _generate(self, eps: list[Episode]) -> list[Any]:
+        """One reply per episode, in one backend call (two with reasoning budgets)."""
+        prompts = [ep.gen_prompt() for ep in eps]
+        seeds = [turn_seed(ep.spec.episode_id, len(ep.turns)) for ep in eps]
+        if self.thinking is not None:
+            outs = generate_thinking(self.backend, prompts, 1, self.sampling, self.thinking, seeds=seeds)
+        else:
+            outs = self.backend.generate(prompts, 1, self.sampling, seeds=seeds)
+        return [group[0] for group in outs]
+
     def _absorb(self, ep: Episode, sample: Any) -> None:
-        """Append a sampled reply (cut to the context budget) and set the pending action."""
-        room = max(0, self.cfg.max_episode_tokens - ep.n_tokens)
+        """Append a sampled reply (cut to the context budget) and set the pending action. Tokens
+        spade appended itself (a forced ``</think>``) are env tokens: mask 0, log-prob null."""
+        room = max(0, self.cfg.max_episode_tokens - ep.context_tokens)
         ids = list(sample.token_ids)[:room]
         lps = list(sample.logprobs) if sample.logprobs is not None else [None] * len(sample.token_ids)
-        lps = lps[:len(ids)]
+        mask = list(sample.extra.get("sampled_mask") or [1] * len(sample.token_ids))[:len(ids)]
+        lps = [lp if m else None for lp, m in zip(lps, mask, strict=False)]
+        start = len(ep.completion_ids)
+        if ep.context is not None:  # drop: this turn trains as its own sequence (update_samples)
+            keep = _common_prefix(ep.last_prompt, ep.context)
+            ep.turn_prompts.append({"prefix": keep, "ids": ep.context[keep:], "start": start,
+                                    "end": start + len(ids)})
+            ep.last_prompt = ep.context
+            ep.context = ep.context + ids
         ep.completion_ids += ids
-        ep.env_mask += [1] * len(ids)
+        ep.env_mask += mask
         ep.logprobs += lps
-        ep.gen_tokens += len(ids)
-        self.stats.gen_tokens += len(ids)
+        ep.gen_tokens += sum(mask)
+        self.stats.gen_tokens += sum(mask)
         body = ids[:-1] if ids and ids[-1] == self.eos else ids
         reply = self.tok.decode(body, skip_special_tokens=False)
         ep.text += self.tok.decode(ids, skip_special_tokens=False)
         ep.messages.append({"role": "assistant", "content": reply})
         ep.pending = to_action(reply, self.cfg.max_action_chars)
+        overflow = bool(sample.extra.get("think_overflow")) or _unclosed(reply)
+        ep.pending_info = {k: sample.extra[k] for k in ("think_tokens", "answer_tokens") if k in sample.extra}
+        if self.cfg.enable_thinking:
+            ep.pending_info["think_overflow"] = overflow
+        if overflow and (self.thinking is None or self.thinking.overflow == "end"):
+            ep.pending = ""  # said so in the turn (think_overflow), never silently
 
     def _quarantine(self, active: list[Episode]) -> list[Episode]:
         """Finish every active and queued episode of a quarantined env with its main reason."""
@@ -520,18 +596,14 @@ class Engine:
         return self.stats
 
     def _tick(self, active: list[Episode]) -> None:
-        cfg = self.cfg
-        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens)
-        seeds = [turn_seed(ep.spec.episode_id, len(ep.turns)) for ep in active]
         t0 = time.perf_counter()
-        outs = self.backend.generate([ep.prompt_ids + ep.completion_ids for ep in active], 1, sampling,
-                                     seeds=seeds)
+        outs = self._generate(active)
         self.stats.gen_s += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.ticks += 1
         jobs: dict[str, list[Episode]] = defaultdict(list)
-        for ep, samples in zip(active, outs, strict=True):
-            self._absorb(ep, samples[0])
+        for ep, sample in zip(active, outs, strict=True):
+            self._absorb(ep, sample)
             jobs[ep.spec.env_id].append(ep)
         results = self._parallel(jobs, self._take_step)
         lost: dict[str, list[Episode]] = defaultdict(list)

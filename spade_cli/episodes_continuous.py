@@ -47,8 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from spade_cli.backends import Sampling
-from spade_cli.episodes import Engine, Episode, EpisodeSpec, Stats, turn_seed
+from spade_cli.episodes import Engine, Episode, EpisodeSpec, Stats
 
 
 class _Clock:
@@ -84,8 +83,6 @@ class Continuous:
         self.failed = threading.Event()  # an exception that is no env's fault stops every thread
         self.first = threading.Lock()
         self.probed = threading.Event()
-        cfg = engine.cfg
-        self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens)
 
     def run(self, specs: list[EpisodeSpec]) -> Stats:
         e = self.e
@@ -161,8 +158,7 @@ class Continuous:
 
     def _generate_now(self, ep: Episode) -> Any:
         with self.gen_clock.running():
-            [[sample]] = self.e.backend.generate([ep.prompt_ids + ep.completion_ids], 1, self.sampling,
-                                                 seeds=[turn_seed(ep.spec.episode_id, len(ep.turns))])
+            [sample] = self.e._generate([ep])
         return sample
 
     def _reset(self, spec: EpisodeSpec) -> Episode | None:
@@ -182,7 +178,7 @@ class Continuous:
                 else:
                     ep = e._start(spec, res[0])
                     ep.worker = res[1]
-                    if ep.n_tokens + 1 > e.cfg.max_episode_tokens:  # the first prompt fills the budget
+                    if ep.context_tokens + 1 > e.cfg.max_episode_tokens:  # the first prompt fills the budget
                         ep.truncated = True
                         e._finish(ep, "max_episode_tokens")
                         ep = None

@@ -56,6 +56,34 @@ def _tokens(path: Path, line: int, tokens: dict, need_env_mask: bool) -> tuple[l
     return p, c, mask, lps
 
 
+def _sequences(path: Path, line: int, tokens: dict) -> list[tuple[list, list, list, list | None]]:
+    """The training sequences of an episode. One, the whole token stream, when the context kept
+    earlier reasoning; with ``think_context: drop`` one per turn: the prompt as the model saw it
+    that turn (rebuilt from ``turns[i].prefix``/``ids``, each relative to the turn before) and that
+    turn's sampled tokens with their mask."""
+    p, c, mask, lps = _tokens(path, line, tokens, need_env_mask=True)
+    if tokens.get("think_context") != "drop":
+        return [(p, c, mask, lps)]
+    turns = tokens.get("turns")
+    if not isinstance(turns, list):
+        raise InputError(path, line, "tokens.think_context is drop but tokens.turns is not a list")
+    out, prev, end = [], p, 0
+    for i, t in enumerate(turns):
+        ok = isinstance(t, dict) and _ids(t.get("ids")) and all(
+            isinstance(t.get(k), int) and not isinstance(t.get(k), bool) for k in ("prefix", "start", "end"))
+        if not ok or not (0 <= t["prefix"] <= len(prev) and end <= t["start"] <= t["end"] <= len(c)):
+            raise InputError(path, line, f"tokens.turns[{i}] must be {{prefix, ids, start, end}} within "
+                                         "the previous prompt and completion_ids, in order")
+        prompt = prev[:t["prefix"]] + t["ids"]
+        s, e = t["start"], t["end"]
+        if any(mask[s:e]):
+            out.append((prompt, c[s:e], mask[s:e], lps[s:e] if lps is not None else None))
+        prev, end = prompt, e
+    if sum(sum(m) for _, _, m, _ in out) != sum(mask):
+        raise InputError(path, line, "tokens.turns do not cover every agent token of completion_ids")
+    return out
+
+
 class SamplingParams:
     """How rows were drawn: the row's own record, else its file's manifest (cached per file)."""
 
@@ -114,14 +142,21 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     # design, invalid ones included); env_id alone is ambiguous for parse failures and duplicates.
     rewards: dict[str, float] = {}
     slot_rewards: dict[tuple, float] = {}
+    broken: set[str] = set()  # envs whose score says too many episodes failed: they teach nothing
     for _path, _line, rec in read_rows(cfg.scores, "spade.score"):
         assert isinstance(rec, Score)
+        if "rollout_errors" in (rec.extra.get("flags") or []):
+            broken.add(rec.env_id)
         rewards.setdefault(rec.env_id, float(rec.designer_reward))
         if rec.extra.get("group_id") is not None:
             slot_rewards[(rec.extra["group_id"], rec.extra.get("sample"))] = float(rec.designer_reward)
 
     sampling = SamplingParams()
     samples: list[Sample] = []
+    # One entry per Agent episode: its reward and its samples (one, or one per turn when the
+    # context dropped earlier reasoning). Advantages are computed over episodes, not sequences,
+    # so an episode weighs the same in its group whatever its number of turns.
+    episodes: list[tuple[tuple, float, list[Sample]]] = []
     want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
     # A role with weight 0 is left out entirely, not multiplied by 0: its tokens would still enter
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
@@ -142,17 +177,31 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         if rec.hinted not in want:
             continue
         bump("agent", "episodes")
-        if rec.error is not None:
-            bump("agent", "skipped_error")
+        if rec.env_id in broken:
+            bump("agent", "dropped_rollout_errors")
             continue
-        if not rec.tokens:
-            bump("agent", "skipped_no_tokens")
+        group = ("agent", rec.env_id, rec.hinted)
+        failed = rec.error is not None
+        # A failed episode is return 0 over the tokens the agent generated before the failure, as
+        # regret scores it: crashing the env can never pay more than playing it badly.
+        reward = 0.0 if failed else float(rec.return_)
+        tokens = rec.tokens or {}
+        has_agent_tokens = any(m == 1 for m in (tokens.get("env_mask") or []))
+        if not tokens.get("completion_ids") or (failed and not has_agent_tokens):
+            if failed:  # no sample, but still a 0 in its group's statistics
+                bump("agent", "failed_no_tokens")
+                episodes.append((group, reward, []))
+            else:
+                bump("agent", "skipped_no_tokens")
             continue
-        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask=True)
         params = sampling.of(path, rec.extra.get("sampling") or rec.extra.get("gen"))
-        temp = _resolve(cfg, "agent", path, line, params, lps is not None)
-        samples.append(Sample("agent", ("agent", rec.env_id, rec.hinted), float(rec.return_), p, c, mask, lps,
-                              temperature=temp))
+        mine = []
+        for p, c, mask, lps in _sequences(path, line, tokens):
+            temp = _resolve(cfg, "agent", path, line, params, lps is not None)
+            mine.append(Sample("agent", group, reward, p, c, mask, lps, temperature=temp))
+        if failed:
+            bump("agent", "failed_reward0")
+        episodes.append((group, reward, mine))
 
     for path, line, rec in read_rows(cfg.designs, ("spade.validation", "spade.design")) if use_designs else []:
         assert isinstance(rec, Design)
@@ -179,17 +228,19 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         samples.append(Sample("designer", group, reward, p, c, mask, lps, temperature=temp))
 
     kept: list[Sample] = []
+    units = {"agent": episodes, "designer": [(s.group, s.reward, [s]) for s in samples if s.role == "designer"]}
     for role in ("agent", "designer"):
-        mine = [s for s in samples if s.role == role]
+        mine = units[role]
         if not mine:
             continue
-        adv, keep = grpo.group_advantages(torch.tensor([s.reward for s in mine]), [s.group for s in mine],
+        adv, keep = grpo.group_advantages(torch.tensor([r for _, r, _ in mine]), [g for g, _, _ in mine],
                                           cfg.scale_rewards)
-        groups = {s.group for s in mine}
-        live = {s.group for s, k in zip(mine, keep.tolist(), strict=True) if k}
-        counts[role].update(samples=len(mine), groups=len(groups), zero_spread_groups=len(groups - live))
-        for s, a, k in zip(mine, adv.tolist(), keep.tolist(), strict=True):
-            if k:
+        groups = {g for g, _, _ in mine}
+        live = {g for (g, _, _), k in zip(mine, keep.tolist(), strict=True) if k}
+        counts[role].update(samples=sum(len(u[2]) for u in mine), groups=len(groups),
+                            zero_spread_groups=len(groups - live))
+        for (_, _, seqs), a, k in zip(mine, adv.tolist(), keep.tolist(), strict=True):
+            for s in seqs if k else []:
                 s.advantage = a
                 kept.append(s)
     for role, given, used in (("agent", cfg.rollouts, use_rollouts), ("designer", cfg.designs, use_designs)):

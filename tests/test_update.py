@@ -59,8 +59,8 @@ def make_artifacts(root: Path, model_dir: Path, envs: int = 2, k: int = 4) -> di
         scores.append({"schema": "spade.score/1", "env_id": env_id, "iteration": 0, "signal": "regret",
                        "hinted_mean": 0.5, "unhinted_mean": 0.5, "hinted_n": k, "unhinted_n": k,
                        "regret": 0.1 * (e + 1), "regret_ci95": 0.1, "designer_reward": 0.1 * (e + 1)})
-    # An episode the sandbox cut short: left out of training whatever its return.
-    errored = dict(rollouts[0], episode_id="env00-err", error="step_timeout", turns=[], **{"return": 1.0})
+    # An episode the sandbox cut short: trained as return 0 whatever it recorded (the failure rule).
+    errored = dict(rollouts[1], episode_id="env00-err", error="step_timeout", turns=[], **{"return": 1.0})
     rollouts.append(errored)
     for g in range(2):
         msgs = [{"role": "user", "content": f"Design an environment about document {g}."}]
@@ -118,7 +118,7 @@ def test_fresh_samples_have_ratio_one(artifacts: dict, tiny_model: Path, tmp_pat
     assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ck", "ck.manifest.json"]
     report = json.loads((tmp_path / "ck" / "update.json").read_text())
     assert report["metrics"]["clip_ratio"] == {"low": 0.0, "high": 0.0, "region": 0.0}
-    assert report["counts"]["agent"]["skipped_error"] == 1
+    assert report["counts"]["agent"]["failed_reward0"] == 1
     assert report["counts"]["designer"]["invalid"] == 2
     assert _changed(_params(tiny_model), _params(tmp_path / "ck")) == 0.0
 

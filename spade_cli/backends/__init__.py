@@ -21,6 +21,8 @@ class Sampling:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # end a sample at any of these ids (kept, like EOS)
+    top_k: int = 0  # 0: off
 
 
 @dataclass

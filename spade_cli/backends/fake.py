@@ -111,8 +111,13 @@ class FakeBackend:
             group = []
             for _ in range(n):
                 text = self.reply(seeds[i] if seeds else 0) if self.reply else self._script()
-                ids = list(self.tokenizer.encode(text, add_special_tokens=False))[:sampling.max_tokens]
-                finish = "length" if len(ids) == sampling.max_tokens else "stop"
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+                cut = next((k for k, t in enumerate(ids) if t in sampling.stop_token_ids), None)
+                if cut is not None and cut < sampling.max_tokens:  # a stop id ends the sample, kept
+                    ids, finish = ids[:cut + 1], "stop"
+                else:
+                    ids = ids[:sampling.max_tokens]
+                    finish = "length" if len(ids) == sampling.max_tokens else "stop"
                 group.append(GenSample(token_ids=ids, text=self.tokenizer.decode(ids), logprobs=[-1.0] * len(ids),
                                        finish_reason=finish))
             out.append(group)

@@ -164,7 +164,12 @@ class HFBackend:
     def _generate_batch(self, rows: list[list[int]], sampling: Sampling,
                         row_seeds: list[int] | None = None) -> list[GenSample]:
         import torch
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         if not rows:
             return []
@@ -182,6 +187,8 @@ class HFBackend:
             # Our own warpers, so the recorder runs after them (custom processors precede built-ins).
             if sampling.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k > 0:
+                processors.append(TopKLogitsWarper(sampling.top_k))
             if sampling.top_p < 1.0:
                 processors.append(TopPLogitsWarper(sampling.top_p))
         processors.append(recorder)
@@ -195,7 +202,8 @@ class HFBackend:
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                 logits_processor=LogitsProcessorList(processors), do_sample=not greedy,
                 max_new_tokens=sampling.max_tokens,
-                eos_token_id=self.eos_ids, pad_token_id=self.pad_id, **kwargs)
+                eos_token_id=self.eos_ids + [t for t in sampling.stop_token_ids if t not in self.eos_ids],
+                pad_token_id=self.pad_id, **kwargs)
         self.calls += 1
         lps = recorder.finalize(seqs, width)
         gen = seqs[:, width:].cpu()
@@ -205,11 +213,12 @@ class HFBackend:
         """Cut one generated row at its first EOS or stop string; everything after is padding."""
         finish = "length"
         eos = set(self.eos_ids)
+        stops = eos | set(sampling.stop_token_ids)
         for j, tok in enumerate(tokens):
-            if tok in eos:
+            if tok in stops:
                 tokens, logprobs, finish = tokens[:j + 1], logprobs[:j + 1], "stop"
                 break
-        body = tokens[:-1] if finish == "stop" else tokens
+        body = tokens[:-1] if finish == "stop" and tokens[-1] in eos else tokens
         text = self.tokenizer.decode(body, skip_special_tokens=True)
         cut = _first_stop(text, sampling.stop)
         if cut is not None:

@@ -102,9 +102,20 @@ class OpenAIBackend:
     def _common(self, sampling: Sampling) -> dict:
         body: dict[str, Any] = {"model": self.served_model, "max_tokens": sampling.max_tokens,
                                 "temperature": sampling.temperature, "top_p": sampling.top_p}
-        if sampling.stop:
-            body["stop"] = list(sampling.stop)
+        if sampling.top_k > 0:
+            body["top_k"] = sampling.top_k
+        stops = list(sampling.stop)
+        if sampling.stop_token_ids:
+            if self.token_prompts is False:  # text servers know no stop ids: stop at their text
+                stops += [self._id_text(t) for t in sampling.stop_token_ids]
+            else:
+                body["stop_token_ids"] = list(sampling.stop_token_ids)
+        if stops:
+            body["stop"] = stops
         return body
+
+    def _id_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     # -- the two wire modes -------------------------------------------------------------------
 
@@ -151,11 +162,21 @@ class OpenAIBackend:
     def _from_text(self, choice: dict, sampling: Sampling) -> GenSample:
         text = choice.get("text") or ""
         finish = _finish(choice)
+        id_stops = {self._id_text(t): t for t in sampling.stop_token_ids}
         cut = _first_stop(text, sampling.stop)
-        if cut is not None:
+        hit = _first_stop(text, tuple(id_stops))
+        stopped_at_id = None
+        if hit is not None and (cut is None or hit <= cut):  # the stop id is kept, as the others do
+            stopped_at_id = next(t for s, t in id_stops.items() if text.startswith(s, hit))
+            text, finish, cut = text[:hit], "stop", hit
+        elif cut is not None:
             text, finish = text[:cut], "stop"
+        elif choice.get("stop_reason") in id_stops:  # the server cut the stop text off itself
+            stopped_at_id, cut = id_stops[choice["stop_reason"]], len(text)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        if finish == "stop" and cut is None and choice.get("stop_reason") is None and self.eos_id is not None:
+        if stopped_at_id is not None:
+            ids.append(stopped_at_id)
+        elif finish == "stop" and cut is None and choice.get("stop_reason") is None and self.eos_id is not None:
             ids.append(self.eos_id)
         return GenSample(token_ids=ids, text=text, logprobs=None, finish_reason=finish,
                          extra={"retokenized": True})

@@ -82,6 +82,8 @@ class VLLMBackend:
             return SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                   max_tokens=sampling.max_tokens, seed=seed, logprobs=0,
                                   stop=list(sampling.stop) or None, include_stop_str_in_output=False,
+                                  stop_token_ids=list(sampling.stop_token_ids) or None,
+                                  top_k=sampling.top_k if sampling.top_k > 0 else -1,
                                   skip_special_tokens=True)
 
         per_prompt = [params(s) for s in seeds] if seeds is not None else params(sampling.seed)
