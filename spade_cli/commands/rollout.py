@@ -90,6 +90,19 @@ def rollout(
     enable_thinking: Annotated[bool, typer.Option(
         "--thinking/--no-thinking", help="Let the agent think (<think> block) before acting.",
         rich_help_panel=GEN)] = True,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="0: off.", rich_help_panel=GEN)] = 0,
+    think_tokens: Annotated[int | None, typer.Option(
+        "--think-tokens", min=1, help="Reasoning budget of one reply; set: reasoning and answer "
+        "are generated in two phases.", rich_help_panel=GEN)] = None,
+    answer_tokens: Annotated[int | None, typer.Option(
+        "--answer-tokens", min=1, help="Answer budget with --think-tokens [default: --max-new-tokens].",
+        rich_help_panel=GEN)] = None,
+    think_overflow: Annotated[str, typer.Option(
+        "--think-overflow", help="Reasoning out of budget: close (spade appends </think>, masked) "
+        "or end (empty action, recorded).", rich_help_panel=GEN)] = "close",
+    think_context: Annotated[str, typer.Option(
+        "--think-context", help="Earlier reasoning in the context: keep, drop, or auto (as the "
+        "chat template does).", rich_help_panel=GEN)] = "auto",
     max_concurrent: Annotated[int, typer.Option(
         "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "
         "model.generate); with continuous batching, the requests in flight.", rich_help_panel=GEN)] = 256,
@@ -131,7 +144,9 @@ def rollout(
         raise typer.BadParameter(str(exc), param_hint="--shard") from None
     play = PlayConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
                       max_action_chars=max_action_chars, temperature=temperature, top_p=top_p,
-                      enable_thinking=enable_thinking, error_return=error_return,
+                      enable_thinking=enable_thinking, error_return=error_return, top_k=top_k,
+                      think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
+                      think_context=think_context,
                       quarantine_after=quarantine_after, max_concurrent=max_concurrent,
                       env_threads=env_threads, seed=seed)
     progress = Progress(log_every)
