@@ -22,9 +22,17 @@ The checks, in order:
    process forked from the zygote, with a seed drawn as rollout draws it.
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
    ``trivial_return``), ``hint_is_answer`` and ``format_only`` (replies made from the hint alone,
-   or with no task content, reach it on two seeds: ``spade_cli/probes.py``), ``duplicate``
-   (env_id already in ``--memory``, or the same normalized code as an earlier row of this input;
-   the first one wins).
+   or with no task content, reach it on two seeds: ``spade_cli/probes.py``).
+
+``duplicate`` runs right after the static checks, before any process starts: a design whose
+code, up to names, constants, comments and formatting (``spade_cli/astnorm.py``), is the code of
+an env in ``--memory`` or of an earlier row of this input is a duplicate, whatever its hint; the
+first one wins and the check names the env it matched. Memory rows are compared by their
+``ast_hash`` field when it was made by the current normalisation, else by hashing their ``code``,
+and always by ``env_id``. Every parsed design's hash is stored in ``stats.ast_hash`` (and the
+match in ``stats.duplicate_of``), so that regret can keep it in the memory. Pool rows
+(``gen.backend == "pool"``) are not Designer output: a pool deals copies and one-template
+reasoning-gym tasks on purpose, so among themselves only identical code is a duplicate.
 
 Example::
 
@@ -46,10 +54,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spade_cli import probes
+from spade_cli import astnorm, probes
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.episodes import episode_seed
-from spade_cli.records import Design, env_id_for, to_row, validation_from
+from spade_cli.records import Design, Memory, env_id_for, to_row, validation_from
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 from spade_cli.sandbox.supervisor import heavy_imports
@@ -134,14 +142,20 @@ def _random_policy(seed: int) -> Callable[[int], str]:
 
 
 def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: int,
-                    trivial_return: float, duplicate_of: str | None) -> dict:
+                    trivial_return: float, duplicate: Duplicate | None = None) -> dict:
     """All checks for one design -> the fields of its validation row."""
     ch = Checks()
     stats: dict = {"warnings": []}
+    detail, matched, key = duplicate or (None, None, None)
     if design.parse_error and not design.code:
         ch.add("code", False, f"parse error: {design.parse_error}", time.perf_counter(), "no_code")
         return {"valid": False, "reason": "no_code", "checks": ch.items, "stats": stats}
     if not static_checks(design.code, pool.config.max_code_chars, ch):
+        return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
+    if key:
+        stats["ast_hash"] = key
+    if not ch.add("duplicate", detail is None, detail or "new", time.perf_counter(), "duplicate"):
+        stats["duplicate_of"] = matched  # a copy costs no sandbox time
         return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
     workers = []
     try:
@@ -235,8 +249,6 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
                     seeds=(episode_seed(seed, VALIDATION_ITERATION, design.env_id, 10),
                            episode_seed(seed, VALIDATION_ITERATION, design.env_id, 11)),
                     trivial_return=trivial_return)
-    t0 = time.perf_counter()
-    ch.add("duplicate", duplicate_of is None, duplicate_of or "new", t0, "duplicate")
     return {"valid": ch.reason is None, "reason": ch.reason, "checks": ch.items, "stats": stats}
 
 
@@ -271,20 +283,62 @@ def hack_probes(design: Design, pool: SandboxPool, ch: Checks, stats: dict, *, s
             worker.close()
 
 
-def _duplicates(designs: list[Design], memory_ids: set[str]) -> list[str | None]:
-    seen: dict[str, int] = {}
-    out: list[str | None] = []
+# (detail, matched env_id, ast_hash) of one design: detail is None when the design is new.
+Duplicate = tuple[str | None, str | None, str | None]
+SAME = "same code up to names, constants and formatting as env"
+
+
+def _memory_keys(memory: list[Memory], max_chars: int | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(ast_hash -> env_id, exact code key -> env_id) of the memory; a stored hash of the current
+    normalisation is trusted, any other is recomputed from the row's code."""
+    by_hash: dict[str, str] = {}
+    by_code: dict[str, str] = {}
+    for m in memory:
+        code = m.extra.get("code")
+        stored = m.extra.get("ast_hash")
+        h = stored if astnorm.current(stored) else _hash(code, max_chars)
+        if h:
+            by_hash.setdefault(h, m.env_id)
+        if isinstance(code, str) and code:
+            by_code.setdefault(env_id_for(code, ""), m.env_id)
+    return by_hash, by_code
+
+
+def _hash(code: object, max_chars: int | None) -> str | None:
+    if not isinstance(code, str) or (max_chars is not None and len(code) > max_chars):
+        return None  # too_large says it; hashing megabytes first would be the cost of an attack
+    return astnorm.ast_hash(code)
+
+
+def duplicates(designs: list[Design], memory: list[Memory], max_chars: int | None = None) -> list[Duplicate]:
+    """For each design, in input order: is it an env of the memory or of an earlier row?"""
+    mem_hash, mem_code = _memory_keys(memory, max_chars)
+    mem_ids = {m.env_id for m in memory}
+    seen_hash: dict[str, tuple[int, str]] = {}
+    seen_code: dict[str, tuple[int, str]] = {}
+    out: list[Duplicate] = []
     for i, d in enumerate(designs):
-        if d.env_id in memory_ids:
-            out.append(f"env_id {d.env_id} is already in memory")
-            continue
-        key = env_id_for(d.code, "") if d.code else None
-        if key is not None and key in seen:
-            out.append(f"same normalized code as input row {seen[key] + 1}")
-            continue
-        if key is not None:
-            seen[key] = i
-        out.append(None)
+        h = _hash(d.code, max_chars) if d.code else None
+        code = env_id_for(d.code, "") if d.code else None
+        pooled = (d.gen or {}).get("backend") == "pool"
+        found: tuple[str, str] | None = None
+        if d.env_id in mem_ids:
+            found = (f"env_id {d.env_id} is already in memory", d.env_id)
+        elif code in mem_code:
+            found = (f"same code as env {mem_code[code]} in memory", mem_code[code])
+        elif h in mem_hash and not pooled:
+            found = (f"{SAME} {mem_hash[h]} in memory", mem_hash[h])
+        elif code in seen_code:
+            row, eid = seen_code[code]
+            found = (f"same code as env {eid} (input row {row + 1})", eid)
+        elif h in seen_hash and not pooled:
+            row, eid = seen_hash[h]
+            found = (f"{SAME} {eid} (input row {row + 1})", eid)
+        if code is not None:
+            seen_code.setdefault(code, (i, d.env_id))
+        if h is not None:
+            seen_hash.setdefault(h, (i, d.env_id))
+        out.append((*found, h) if found else (None, None, h))
     return out
 
 
@@ -310,12 +364,14 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
     if stage.check():
         return {"status": "up to date", "out": str(out)}
     rows = [rec for _, _, rec in read_rows(inputs["designs"], ("spade.design", "spade.validation"))]
-    memory_ids = {rec.env_id for _, _, rec in read_rows(inputs["memory"], "spade.memory")} if memory else set()
-    dups = _duplicates(rows, memory_ids)
+    mem_rows = [rec for _, _, rec in read_rows(inputs["memory"], "spade.memory")] if memory else []
     done = stage.resume()
     if len(done) > len(rows):
         raise SpadeError(f"{stage.partial} has more rows than the input; pass --force")
     sb = sandbox or SandboxConfig(scratch_mb=scratch_mb)
+    t0 = time.perf_counter()
+    dups = duplicates(rows, mem_rows, sb.max_code_chars)
+    stage.timings["duplicates_s"] = round(time.perf_counter() - t0, 3)
     sb.tier, sb.min_tier = tier, min_tier
     sb.preimport = tuple(sorted({*sb.preimport, *heavy_imports(r.code for r in rows[len(done):])}))
     t_start = time.perf_counter()
@@ -329,7 +385,7 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
 
     def one(i: int) -> dict:
         fields = validate_design(rows[i], pool, max_steps=max_steps, seed=seed, trivial_return=trivial_return,
-                                 duplicate_of=dups[i])
+                                 duplicate=dups[i])
         return to_row(validation_from(rows[i], **fields))
 
     todo = range(len(done), len(rows))

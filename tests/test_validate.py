@@ -89,9 +89,9 @@ def test_benign_envs_pass_and_manifest(tmp_path: Path) -> None:
     got = read(out)
     assert [g["valid"] for g in got] == [True] * len(rows), [(g["reason"], g["checks"][-1]) for g in got]
     names = [c["name"] for c in got[0]["checks"]]
-    assert names == ["code", "size", "syntax", "env_class", "import", "gym_check_env", "contract",
-                     "return_range", "determinism", "hint_leak", "no_hint", "trivial", "hint_is_answer",
-                     "format_only", "duplicate"]
+    assert names == ["code", "size", "syntax", "env_class", "duplicate", "import", "gym_check_env",
+                     "contract", "return_range", "determinism", "hint_leak", "no_hint", "trivial",
+                     "hint_is_answer", "format_only"]
     assert got[0]["env_id"] == env_id_for(rows[0]["code"], rows[0]["hint"])
     manifest = json.loads(Path(f"{out}.manifest.json").read_text())
     assert manifest["sandbox"]["tier"] == json.loads(r.stdout.splitlines()[-1])["tier"]
@@ -168,7 +168,8 @@ def test_kill_9_then_resume(tmp_path: Path) -> None:
     import time
 
     slow = env_src(reset="import time; time.sleep(0.05)")
-    rows = [design(slow.replace("class E", f"K = {i}\nclass E"), f"hint number {i} for the agent")
+    # tuples of other lengths: other numbers alone would make near-duplicates
+    rows = [design(slow.replace("class E", f"K = ({'0, ' * (i + 1)})\nclass E"), f"hint number {i} for the agent")
             for i in range(12)]
     d = write(tmp_path / "d.jsonl", rows)
     out = tmp_path / "v.jsonl"

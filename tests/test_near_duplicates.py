@@ -1,0 +1,182 @@
+"""Near-duplicate environments: the rename-invariant AST hash and validate's `duplicate` verdict."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from spade_cli.astnorm import ast_hash, normalised_dump
+from spade_cli.records import env_id_for
+from tests.conftest import run_spade
+
+BENIGN_DIR = Path(__file__).parent / "envs_benign"
+ORIGINAL = (BENIGN_DIR / "guess_number.py").read_text()
+
+# guess_number.py with every name the module binds renamed, re-indented (2 spaces), other quotes,
+# other numbers and texts, comments added, the docstring reworded, annotations added, and the
+# gymnasium alias changed.
+DISGUISED = '''"""A totally new environment about finding a secret value."""
+import gymnasium as gymn   # the env library
+
+
+class SecretValueGame(gymn.Env):
+  """Find the value."""
+  def reset(self, *, seed=None, options=None):
+    super().reset(seed=seed)   # seeds np_random
+    self.secret = int(self.np_random.integers(5, 501))
+    self.count = 0
+    return 'Pick a value between 5 and 500.', {}
+
+  def step(self, action: str) -> tuple:
+    # one more turn
+    self.count += 1
+    try:
+      value = int(action.strip().split()[-1])
+    except (ValueError, IndexError):
+      return 'A value please.', 0.0, False, self.count >= 20, {'n': self.count}
+    if value == self.secret:
+      return 'Yes!', 1.0, True, False, {'n': self.count}
+    way = 'up' if value < self.secret else 'down'
+    return f'{value}: no, go {way}.', 0.0, False, self.count >= 20, {'n': self.count}
+'''
+
+
+@pytest.mark.unit
+def test_a_renamed_reindented_recommented_copy_has_the_same_hash() -> None:
+    assert env_id_for(DISGUISED, "h") != env_id_for(ORIGINAL, "h")
+    assert ast_hash(DISGUISED) == ast_hash(ORIGINAL) is not None
+    assert ast_hash(ORIGINAL).startswith("ast1:") and len(ast_hash(ORIGINAL)) == 5 + 16
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["arithmetic_chain.py", "json_tools.py", "text_adventure.py"])
+def test_genuinely_different_envs_differ(name: str) -> None:
+    assert ast_hash((BENIGN_DIR / name).read_text()) != ast_hash(ORIGINAL)
+
+
+@pytest.mark.unit
+def test_structure_and_meaningful_names_count() -> None:
+    base = "def f(x):\n    return len(x)\n"
+    assert ast_hash(base) == ast_hash("def g(y):\n    return len(y)\n")  # renamed
+    assert ast_hash(base) != ast_hash("def f(x):\n    return sum(x)\n")  # another builtin
+    assert ast_hash(base) != ast_hash("def f(x):\n    return len(x) + 1\n")  # another expression
+    assert ast_hash("import numpy as np\n") == ast_hash("import numpy as xp\n")
+    assert ast_hash("import numpy\n") != ast_hash("import random\n")  # module names are kept
+    # a library attribute keeps its name, an attribute the module assigns does not
+    lib = "def f(s):\n    return s.np_random.integers(3)\n"
+    assert ast_hash(lib) != ast_hash(lib.replace("integers", "random"))
+    own = "class A:\n    def m(self):\n        self.board = 1\n        return self.board\n"
+    assert ast_hash(own) == ast_hash(own.replace("board", "grid"))
+    # the Env API is kept even though the module defines it: `step` is not any method
+    env = "class E:\n    def step(self, a):\n        return a\n"
+    assert ast_hash(env) != ast_hash(env.replace("step", "walk"))
+    assert ast_hash("x = True\n") != ast_hash("x = False\n") != ast_hash("x = None\n")
+    assert "<str>" in normalised_dump("x = 'abc'\n") and "abc" not in normalised_dump("x = 'abc'\n")
+
+
+@pytest.mark.unit
+def test_code_that_does_not_parse_has_no_hash() -> None:
+    assert ast_hash("def broken(:\n") is None and ast_hash("x = '\\x00'") is not None
+    assert ast_hash("") is None and ast_hash(None) is None and ast_hash("\0") is None
+    assert ast_hash("x = " + "-" * 100000 + "1\n") is None  # nesting past the parser's limit
+    # nesting the parser accepts is hashed, however deep the walk must go: no escape from the check
+    deep = ORIGINAL + "\nX = " + "-" * 3000 + "1\n"
+    assert ast_hash(deep) is not None and ast_hash(deep) == ast_hash(deep.replace("X =", "Y ="))
+
+
+@pytest.mark.unit
+def test_hashing_a_batch_is_cheap() -> None:
+    """24 designs of the bundled pool's size; the figure goes to the report, the bound is loose."""
+    from spade_cli import pool
+
+    codes = [e["code"] for e in pool.load_folder(pool.BUNDLED_POOL)] * 2
+    t0 = time.perf_counter()
+    hashes = [ast_hash(c) for c in codes]
+    elapsed = time.perf_counter() - t0
+    assert len(codes) == 24 and None not in hashes and len(set(hashes)) == 12
+    assert elapsed < 5.0, elapsed  # a sandboxed validation takes seconds per design
+
+
+# -- validate --------------------------------------------------------------------------------------
+
+def _design(code: str | None, hint: str = "Binary search: halve the range each turn.", **extra) -> dict:
+    return {"schema": "spade.design/1", "code": code, "hint": hint, **extra}
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _check(row: dict) -> dict:
+    return next(c for c in row["checks"] if c["name"] == "duplicate")
+
+
+@pytest.mark.integration
+def test_validate_flags_near_duplicates_within_the_iteration(tmp_path: Path) -> None:
+    other = (BENIGN_DIR / "json_tools.py").read_text()
+    rows = [_design(ORIGINAL), _design(DISGUISED), _design(ORIGINAL, "A different hint entirely."),
+            _design(other), _design("def broken(:\n")]
+    out = tmp_path / "v.jsonl"
+    r = run_spade("validate", "--designs", _write(tmp_path / "d.jsonl", rows), "--out", out, "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    got = _read(out)
+    assert [g["reason"] for g in got] == [None, "duplicate", "duplicate", None, "syntax_error"]
+    first = got[0]["env_id"]
+    assert first in _check(got[1])["detail"] and first in _check(got[2])["detail"]
+    assert got[1]["stats"]["duplicate_of"] == first and _check(got[0])["ok"]
+    assert got[1]["stats"]["ast_hash"] == got[0]["stats"]["ast_hash"] == ast_hash(ORIGINAL)
+    assert "ast_hash" not in got[4]["stats"]  # a design that does not parse is the syntax check's
+    # the duplicate is judged before any process starts: no sandbox check on it
+    assert [c["name"] for c in got[1]["checks"]] == ["code", "size", "syntax", "env_class", "duplicate"]
+
+
+@pytest.mark.integration
+def test_validate_flags_near_duplicates_of_the_memory(tmp_path: Path) -> None:
+    old = (BENIGN_DIR / "arithmetic_chain.py").read_text()
+    kept = (BENIGN_DIR / "text_adventure.py").read_text()
+    memory = _write(tmp_path / "memory.jsonl", [
+        # as regret writes it today: the code, no hash
+        {"schema": "spade.memory/1", "env_id": "mem-code", "title": "t", "hint": "h", "history": [],
+         "code": ORIGINAL},
+        # with the hash regret can copy from the validation row (the code is not read then)
+        {"schema": "spade.memory/1", "env_id": "mem-hash", "title": "t", "hint": "h", "history": [],
+         "ast_hash": ast_hash(old), "code": "not even python ("},
+        # a hash of another normalisation version is recomputed from the code
+        {"schema": "spade.memory/1", "env_id": "mem-stale", "title": "t", "hint": "h", "history": [],
+         "ast_hash": "ast0:0000", "code": kept + "\nX = 1\n"},
+    ])
+    rows = [_design(DISGUISED, "A brand-new hint."), _design(old.replace("    ", "\t")), _design(kept)]
+    out = tmp_path / "v.jsonl"
+    r = run_spade("validate", "--designs", _write(tmp_path / "d.jsonl", rows), "--out", out,
+                  "--memory", memory, "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    got = _read(out)
+    assert [g["reason"] for g in got] == ["duplicate", "duplicate", None]
+    assert "mem-code" in _check(got[0])["detail"] and "memory" in _check(got[0])["detail"]
+    assert got[1]["stats"]["duplicate_of"] == "mem-hash"
+
+
+@pytest.mark.unit
+def test_pool_copies_are_not_near_duplicates() -> None:
+    """Pool rows are not Designer output: the pool deals copies and one-template reasoning-gym tasks
+    on purpose, distinct by env_id; only an exact copy of the code is a duplicate among them."""
+    from spade_cli.records import Design
+    from stages.validate import duplicates
+
+    gen = {"backend": "pool"}
+    rows = [Design(code=ORIGINAL, hint="h", gen=gen), Design(code=ORIGINAL + "\nSPADE_POOL_COPY = 1\n", hint="h",
+            gen=gen), Design(code=ORIGINAL + "\nSPADE_POOL_COPY = 2\n", hint="h", gen=gen),
+            Design(code=ORIGINAL + "\n", hint="other", gen=gen),
+            Design(code=ORIGINAL + "\nSPADE_POOL_COPY = 3\n", hint="h")]  # no pool row: near-duplicate
+    dups = duplicates(rows, [])
+    assert [detail is None for detail, _, _ in dups] == [True, True, True, False, False]
+    assert dups[3][1] == rows[0].env_id and dups[4][1] == rows[1].env_id
+    assert dups[1][2] == dups[2][2] == dups[4][2] == ast_hash(rows[1].code)
