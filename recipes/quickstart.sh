@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# quickstart.sh — the whole SPADE loop on a CPU, offline, in minutes.
+# quickstart.sh — the whole SPADE loop on a CPU, offline, in minutes, with an Agent that learns.
 #
 #   bash recipes/quickstart.sh                 # fresh machine: sets up .venv, then runs
 #   RUN=runs/qs2 ITERS=3 bash recipes/quickstart.sh
+#   SMOKE=1 bash recipes/quickstart.sh         # CI: 2 short iterations, same stages
 #
 # 1. `spade init-model --size small`: a random 13M-parameter Qwen3 with a locally trained tokenizer.
-# 2. `spade warmstart --pool starter`: a short SFT on four short example environments, so this
-#    small random model writes parseable environments (a real run starts from a Qwen3 checkpoint and
-#    skips this; the long-horizon bundled pool would take a 13M model ~30 min to learn on 2 cores).
-# 3. recipes/loop.sh for ITERS iterations: design → validate → rollout → regret → update → eval on a
-#    Reasoning Gym task, then `spade report`. Small knobs (8 designs, k=2, short turns) keep it to
-#    minutes on 2 cores; the same script with the defaults of loop.sh is the paper's setting.
-# Rerunnable: every finished step is "up to date".
+# 2. `spade warmstart --pool starter --agent-episodes N`: a short SFT on four short example
+#    environments, so this small random model writes parseable environments, plus the episodes of
+#    scripted solvers of three of them (spade_cli/solvers.py; a share of their actions random), so
+#    it also plays them with partial success: GRPO needs groups whose returns differ. (A real run
+#    starts from a Qwen3 checkpoint and skips this.)
+# 3. A held-out suite: the starter envs, validated, played by `spade eval --tasks envs:...` without
+#    the hint on seeds of their own: eval seeds come from the run seed SEED+1000, which the loop
+#    never uses, and the warm start plays seeds >= 2**31, which no rollout draws. It is evaluated
+#    before the first iteration and after the last.
+# 4. recipes/loop.sh for ITERS iterations: design → validate → rollout → regret → update, with
+#    REPLAY past envs per iteration, so the Agent has envs to play when new designs are duplicates.
+#    Small knobs keep it to minutes on 2 cores; the defaults of loop.sh are the paper's setting.
+# The last line compares the held-out returns of iteration 0 and of the last checkpoint
+# (`spade eval --compare`: the difference and its z-score). Rerunnable: every finished step is
+# "up to date".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -22,23 +31,43 @@ export PATH="$PWD/$VENV/bin:$PATH"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 RUN="${RUN:-runs/quickstart}"
-ITERS="${ITERS:-2}"
 SEED="${SEED:-0}"
+if [[ "${SMOKE:-0}" == 1 ]]; then   # CI: the same stages at the smallest sizes that still run them all
+  : "${ITERS:=2}" "${WARM_EPOCHS:=8}" "${AGENT_EPISODES:=4}" "${N_ENVS:=4}" "${K:=2}" "${EVAL_K:=2}"
+fi
+ITERS="${ITERS:-4}"
 WARM_EPOCHS="${WARM_EPOCHS:-80}"
+AGENT_EPISODES="${AGENT_EPISODES:-48}"   # solver seeds per solvable starter env (hinted + unhinted)
+AGENT_NOISE="${AGENT_NOISE:-0.3}"
+N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-8}" MAX_TURNS="${MAX_TURNS:-6}" REPLAY="${REPLAY:-4}"
+EVAL_K="${EVAL_K:-32}"                   # held-out seeds per env
+AGENT_LR="${AGENT_LR:-1e-4}"
+EVAL_SEED=$((SEED + 1000))
 echo "== quickstart: RUN=$RUN ITERS=$ITERS SEED=$SEED (setup took $((SECONDS - T0)) s)" >&2
 
 spade init-model --out "$RUN/model/init" --size small --seed "$SEED"
 spade warmstart --model "$RUN/model/init" --out "$RUN/model/warm" --pool starter --epochs "$WARM_EPOCHS" \
-  --batch-size 1 --learning-rate 2e-3 --excerpt-chars 300 --no-example --seed "$SEED"
+  --batch-size 1 --learning-rate 2e-3 --excerpt-chars 300 --no-example --seed "$SEED" \
+  --agent-episodes "$AGENT_EPISODES" --agent-noise "$AGENT_NOISE" --agent-max-turns "$MAX_TURNS"
+
+suite="$RUN/heldout/validated.jsonl"
+spade design --pool starter --n 4 --out "$RUN/heldout/designs.jsonl"
+spade validate --designs "$RUN/heldout/designs.jsonl" --out "$suite"
+EVAL_TASKS="${EVAL_TASKS:-envs:$suite}"
+EVAL_ARGS="--seed $EVAL_SEED --k $EVAL_K --max-turns $MAX_TURNS --max-tokens 16"
+eval0="$(spade paths "$RUN" -i 0 --key eval)"
+# shellcheck disable=SC2086
+spade eval --model "$RUN/model/warm" --tasks "$EVAL_TASKS" --out "$eval0" $EVAL_ARGS
 
 MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" \
-N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-2}" MAX_TURNS="${MAX_TURNS:-4}" BACKEND=hf \
-EVAL_EVERY=1 EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:8}" \
+N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" MAX_TURNS="$MAX_TURNS" REPLAY="$REPLAY" BACKEND=hf \
+EVAL_EVERY="$ITERS" EVAL_TASKS="$EVAL_TASKS" EVAL_ARGS="$EVAL_ARGS" \
 DESIGN_ARGS="--temperature 1.0 --top-p 0.9 --max-tokens 700 --excerpt-chars 300 --no-example" \
-ROLLOUT_ARGS="--max-new-tokens 48" \
-EVAL_ARGS="--max-tokens 32" \
+ROLLOUT_ARGS="--max-new-tokens 16" \
+UPDATE_ARGS="--learning-rate $AGENT_LR" \
   bash recipes/loop.sh
 
 valid0="$(spade inspect "$(spade paths "$RUN" -i 0 --key validated)" --json \
   | python3 -c 'import json, sys; d = json.load(sys.stdin); v = d["validation"]; print(v["valid"], "of", v["rows"])')"
+spade eval --compare "$eval0" "$(spade paths "$RUN" -i "$((ITERS - 1))" --key next_eval)" >&2
 echo "== quickstart finished in $((SECONDS - T0)) s; iteration 0: $valid0 designs valid; see $RUN/report/" >&2

@@ -97,8 +97,15 @@ def pick_envs(pool: str, max_examples: int | None) -> list[dict]:
 def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12, learning_rate: float = 2e-3,
         batch_size: int = 2, max_examples: int | None = None, seed: int = 0, corpus: str | None = None,
         grounding: bool = True, excerpt_chars: int = 300, example: bool = False,
-        enable_thinking: bool = False, config: dict | None = None, force: bool = False) -> dict:
-    """Fine-tune ``model`` on the pool and write the checkpoint to ``out`` (a directory)."""
+        enable_thinking: bool = False, agent_episodes: int = 0, agent_noise: float = 0.3,
+        agent_max_turns: int = 16, agent_thinking: bool = True, config: dict | None = None,
+        force: bool = False) -> dict:
+    """Fine-tune ``model`` on the pool and write the checkpoint to ``out`` (a directory).
+
+    With ``agent_episodes`` the Agent is warm-started too: that many seeds of every pool env that
+    has a scripted solver (``spade_cli.solvers``), played hinted and unhinted by the rollout engine
+    with ``agent_max_turns`` and ``agent_thinking`` (use the loop's ``--max-turns`` and
+    ``--thinking``, so the prompts are the ones rollout renders)."""
     from spade_cli.artifacts import Stage
 
     envs = pick_envs(pool, max_examples)
@@ -107,7 +114,9 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     config = config or {"model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
                         "batch_size": batch_size, "max_examples": max_examples, "seed": seed, "corpus": corpus,
                         "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
-                        "enable_thinking": enable_thinking}
+                        "enable_thinking": enable_thinking, "agent_episodes": agent_episodes,
+                        "agent_noise": agent_noise, "agent_max_turns": agent_max_turns,
+                        "agent_thinking": agent_thinking}
     inputs = {"model": [model]} if Path(model).exists() else {}
     stage = Stage.begin("warmstart", out, config, inputs, force=force, out_kind="dir")
     if stage.check():
@@ -131,6 +140,19 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     tokenizer = AutoTokenizer.from_pretrained(model)
     samples = build_samples(tokenizer, envs, epochs, seed, corpus, grounding, excerpt_chars, example,
                             enable_thinking, memory_pool=load_envs(pool))
+    n_designer, agent = len(samples), {}
+    if agent_episodes:
+        from spade_cli import solvers
+
+        rows = solvers.play(tokenizer, load_envs(pool), agent_episodes, noise=agent_noise, seed=seed,
+                            max_turns=agent_max_turns, enable_thinking=agent_thinking)
+        if not rows:
+            raise ValueError(f"the pool {pool!r} has no environment with a scripted solver "
+                             f"({', '.join(solvers.SOLVERS)})")
+        samples += solvers.agent_samples(rows)
+        agent = {"agent_samples": len(samples) - n_designer,
+                 "agent_solver_return": round(sum(r.return_ for r in rows) / len(rows), 3),
+                 "agent_envs": sorted({r.env_id for r in rows})}
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -155,6 +177,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     summary = {"status": "ok", "out": str(out), "envs": [e["name"] for e in envs], "samples": len(samples),
+               "designer_samples": n_designer, **agent,
                "tokens": sum(len(s["input_ids"]) for s in samples), "steps": result.global_step,
                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
                "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1)}

@@ -38,6 +38,16 @@ def warmstart(
     example: Annotated[bool, typer.Option("--example/--no-example",
                                           help="Include the worked example in the prompts.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--thinking/--no-thinking")] = False,
+    agent_episodes: Annotated[int, typer.Option("--agent-episodes", min=0,
+                                                help="Also warm-start the Agent: seeds per env with a scripted solver.")]
+    = 0,
+    agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0,
+                                               help="Share of the solver's actions that are random.")] = 0.3,
+    agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1,
+                                                 help="Turn cap of the solver episodes (rollout's --max-turns).")]
+    = 16,
+    agent_thinking: Annotated[bool, typer.Option("--agent-thinking/--no-agent-thinking",
+                                                 help="Agent prompts as rollout --thinking renders them.")] = True,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     force: ForceOpt = False,
@@ -45,7 +55,9 @@ def warmstart(
     """Fine-tune a model on the example pool so it writes parseable environments (TRL SFTTrainer).
 
     The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
-    --example and --thinking there.
+    --example and --thinking there. --agent-episodes N also imitates scripted solvers of part of
+    the pool (exact_sum, guess_number, price_lookup), played by the rollout engine on seeds that
+    rollout and eval never draw, so the Agent starts with partial success for GRPO to improve.
 
     Example: [bold]spade warmstart --model ckpt/small --out ckpt/warm --epochs 12 --max-examples 6[/]
     """
@@ -55,7 +67,9 @@ def warmstart(
         summary = stage.run(out, model=model, pool=pool, epochs=epochs, learning_rate=learning_rate,
                             batch_size=batch_size, max_examples=max_examples, seed=seed, corpus=corpus,
                             grounding=grounding, excerpt_chars=excerpt_chars, example=example,
-                            enable_thinking=enable_thinking, config=resolved_config(ctx), force=force)
+                            enable_thinking=enable_thinking, agent_episodes=agent_episodes,
+                            agent_noise=agent_noise, agent_max_turns=agent_max_turns,
+                            agent_thinking=agent_thinking, config=resolved_config(ctx), force=force)
     if summary.get("status") == "ok":
         console.print(f"[green]wrote[/] {out}: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
                       f"{summary['final_loss']:.3f} in {summary['train_seconds']} s")

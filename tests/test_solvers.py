@@ -1,0 +1,85 @@
+"""Scripted solvers: they solve their starter envs, noise makes them fail some of the time, and the
+samples are the rollout engine's own tokens, on seeds that rollout and eval never draw."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+
+def _returns(rows, name):
+    return [r.return_ for r in rows if r.env_id == f"warmstart-{name}" and not r.error]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def starter():
+    from stages.warmstart import load_envs
+
+    return load_envs("starter")
+
+
+@pytest.mark.integration
+def test_solvers_solve_their_envs_and_noise_makes_them_fail(tok, starter):
+    from spade_cli import solvers
+
+    clean = solvers.play(tok, starter, 6, noise=0.0, seed=0, max_turns=8, enable_thinking=True)
+    names = sorted(solvers.SOLVERS)
+    assert sorted({r.env_id for r in clean}) == [f"warmstart-{n}" for n in names]  # lock_code: no solver
+    for name in names:
+        assert _returns(clean, name) == [1.0] * 12, name
+    noisy = solvers.play(tok, starter, 6, noise=0.6, seed=0, max_turns=8, enable_thinking=True)
+    for name in names:
+        got = _returns(noisy, name)
+        assert len(got) == 12 and 0 < sum(got) < 12, (name, got)
+
+
+@pytest.mark.integration
+def test_samples_are_the_rollout_engines_tokens_on_unreachable_seeds(tok, starter):
+    from spade_cli import solvers
+    from spade_cli.backends import render_chat
+    from spade_cli.episodes import PlayConfig, episode_seed, system_message
+
+    env = next(e for e in starter if e["name"] == "exact_sum")
+    rows = solvers.play(tok, [env], 3, noise=0.0, seed=4, max_turns=5, enable_thinking=True)
+    assert len(rows) == 6 and {r.hinted for r in rows} == {False, True}
+    samples = solvers.agent_samples(rows)
+    cfg = PlayConfig(max_turns=5)
+    for row, s in zip(rows, samples, strict=True):
+        hint = env["hint"] if row.hinted else None
+        first = [{"role": "system", "content": system_message(hint, cfg)}, row.messages[1]]
+        n_prompt = len(render_chat(tok, first, enable_thinking=True))
+        assert s["input_ids"][:n_prompt] == render_chat(tok, first, enable_thinking=True)
+        assert s["completion_mask"][:n_prompt] == [0] * n_prompt
+        # The loss covers exactly the replies, each closed by the EOS token.
+        trained = tok.decode([t for t, m in zip(s["input_ids"], s["completion_mask"], strict=True) if m])
+        replies = [m["content"] for m in row.messages if m["role"] == "assistant"]
+        assert trained == "".join(r + tok.eos_token for r in replies)
+        assert tok.decode(s["input_ids"]) == tok.apply_chat_template(row.messages, tokenize=False)
+        assert row.seed >= solvers.SEED_BASE
+    rng = random.Random(0)
+    drawn = [episode_seed(rng.randrange(10**6), rng.randrange(1000), f"env{i}", rng.randrange(64)) for i in range(2000)]
+    assert max(drawn) < solvers.SEED_BASE <= min(r.seed for r in rows)
+
+
+@pytest.mark.unit
+def test_policies_read_the_observations():
+    from spade_cli import solvers
+
+    rng = random.Random(0)
+    first = "Reach exactly 31. Each turn add a number from 1 to 9. Total: 0."
+    assert solvers.exact_sum([first], rng, 0.0) == "9"
+    assert solvers.exact_sum([first, "Total: 27."], rng, 0.0) == "4"
+    guess = ["I picked a whole number from 1 to 100.", "50 is wrong; go lower.", "25 is wrong; go higher."]
+    assert solvers.guess_number(guess, rng, 0.0) == "37"
+    order = 'Order: {"apple": 2, "bread": 3}. Tools: ...'
+    assert solvers.price_lookup([order], rng, 0.0) == '{"tool": "price", "item": "apple"}'
+    assert solvers.price_lookup([order, "apple costs 5.", "bread costs 7."], rng, 0.0) == \
+        '{"tool": "submit", "total": 31}'
