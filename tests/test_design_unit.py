@@ -184,13 +184,14 @@ def test_hub_corpus_offline_fails_naming_the_dataset():
 # -- pools and the prompt plan --------------------------------------------------------------------
 
 @pytest.mark.unit
-def test_pool_pick_is_distinct_order_independent_and_capped():
+def test_pool_pick_is_distinct_order_independent_and_dealt_to_n():
     envs = pool.load_folder(pool.BUNDLED_POOL)
     a = [e["name"] for e in pool.pick(envs, 5, seed=0, iteration=0)]
     assert a == [e["name"] for e in pool.pick(envs[::-1], 5, seed=0, iteration=0)]
     assert len(set(a)) == 5
     assert a != [e["name"] for e in pool.pick(envs, 5, seed=0, iteration=1)]
-    assert len(pool.pick(envs, 100, 0, 0)) == len(envs)
+    # a smaller pool is dealt in passes to exactly n (the equal-budget rule of #16)
+    assert len(pool.pick(envs, 100, 0, 0)) == 100
 
 
 @pytest.mark.unit
