@@ -172,7 +172,7 @@ def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
         st = envs.get(env_id)
         if st is None:
             st = envs[env_id] = {"h": defaultdict(list), "u": defaultdict(list), "h_err": 0, "u_err": 0}
-        st["h" if hinted else "u"][pair].append(ret)
+        st["h" if hinted else "u"][pair].append(0.0 if err is not None else ret)  # a failed episode scores 0
         if err is not None:
             st["h_err" if hinted else "u_err"] += 1
         elif hinted and ret > st.get("best_ret", float("-inf")):  # where the audits find its actions
