@@ -94,6 +94,7 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
         row = to_row(Memory(env_id=env_id, title=rec.title, hint=rec.hint,
                             doc_id=(rec.doc or {}).get("id"), first_iteration=iteration))
         row["code"] = rec.code
+        row["ast_hash"] = rec.stats.get("ast_hash")  # validate compares new designs to it
         base.append(row)
         by_id[env_id] = row
     for env_id, s in played.items():
