@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from spade_cli import __version__, preempt
+from spade_cli import __version__, preempt, threads
 from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them from here)
     InputError,
     OutputError,
@@ -347,6 +347,7 @@ class Stage:
             "warnings": self.warnings + ([f"took over the lock of a dead writer: {describe(self.taken_over)}"]
                                          if self.taken_over else []),
             "summary": summary or {},
+            "threads": threads.recorded(),
             **self.extra,  # e.g. the sandbox tier of validate and rollout
         }
         atomic_write_text(manifest_path(self.out), json.dumps(manifest, indent=2, default=str) + "\n")
