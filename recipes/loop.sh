@@ -111,7 +111,7 @@ for ((i = 0; i < ITERS; i++)); do
   if [[ -n "$POOL" ]]; then
     design_flags=(--pool "$POOL")
   else
-    design_flags=(--model "$designer" --group "$GROUP" "${backend_flags[@]}")
+    design_flags=(--model "$designer" --group "$GROUP" --signal "$SIGNAL" "${backend_flags[@]}")
     if [[ "$GROUNDING" == 1 ]]; then
       [[ -n "$CORPUS" ]] && design_flags+=(--corpus "$CORPUS")
     else

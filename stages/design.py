@@ -56,7 +56,7 @@ def _sub_seed(*parts: Any) -> int:
 
 def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | None, grounding: bool,
                  memory: str | Path | None, excerpt_chars: int, memory_k: int = 12,
-                 example: bool = True) -> list[dict]:
+                 example: bool = True, signal: str = "regret") -> list[dict]:
     """The ``n / group`` prompts of a run: ``{group_id, doc, messages}``, no model needed."""
     docs = corpus_mod.load_corpus(corpus) if grounding else None
     mem = read_records(memory, expect="spade.memory") if memory else []
@@ -70,7 +70,7 @@ def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | No
         if d is not None:
             text = corpus_mod.excerpt(d["text"], excerpt_chars, key=f"{d['id']}|{seed}|{iteration}|{g}")
             doc = {"id": d["id"], "source": d["source"], "text": text}
-        messages = prompts.build_messages(worked, doc["text"] if doc else None, memory_text)
+        messages = prompts.build_messages(worked, doc["text"] if doc else None, memory_text, signal=signal)
         plan.append({"group_id": _group_id(seed, iteration, g), "doc": doc, "messages": messages})
     return plan
 
@@ -120,7 +120,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         iteration: int = 0, seed: int = 0, backend: Any = "hf", base_url: str | None = None,
         temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 4096, excerpt_chars: int = 1500,
         enable_thinking: bool = False, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
-        example: bool = True, config: dict | None = None, force: bool = False) -> dict:
+        example: bool = True, signal: str = "regret", config: dict | None = None,
+        force: bool = False) -> dict:
     """Write ``n`` design rows to ``out`` and return the summary (see the module docstring).
 
     ``backend`` is a registry name (hf, vllm, openai, ``module:Class``) or a ready backend object.
@@ -166,7 +167,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         stage.commit(len(rows), summary)
         return summary
 
-    plan = plan_prompts(n, group, seed, iteration, corpus, grounding, memory, excerpt_chars, memory_k, example)
+    plan = plan_prompts(n, group, seed, iteration, corpus, grounding, memory, excerpt_chars, memory_k, example,
+                        signal)
     done = _resume_groups(stage, group)
     todo = [p for p in plan if p["group_id"] not in done]
     be = backend

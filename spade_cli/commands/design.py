@@ -48,6 +48,9 @@ def design(
                                                     rich_help_panel=PROMPT)] = False,
     memory_k: Annotated[int, typer.Option("--memory-k", help="Past environments listed in the prompt.",
                                           min=0, rich_help_panel=PROMPT)] = 12,
+    signal: Annotated[str, typer.Option(
+        "--signal", help="What the prompt says is rewarded: regret, ema_lp or learnability.",
+        rich_help_panel=PROMPT)] = "regret",
     iteration: IterationOpt = 0,
     seed: SeedOpt = 0,
     backend: BackendOpt = "hf",
@@ -96,6 +99,10 @@ def design(
     if pool is None and not model:
         raise typer.BadParameter("pass --model (a Designer) or --pool (a fixed environment pool)",
                                  param_hint="--model")
+    from spade_cli.curriculum import SIGNALS
+
+    if signal not in SIGNALS:
+        raise typer.BadParameter(f"{signal!r} is not one of {', '.join(SIGNALS)}", param_hint="--signal")
     mem = None if no_memory else memory
     cfg = resolved_config(ctx)
     with console.status("designing environments" if pool is None else f"reading the pool {pool}"):
@@ -103,7 +110,7 @@ def design(
                             memory=mem, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
                             temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
-                            chunk=chunk, memory_k=memory_k, example=example, config=cfg, force=force)
+                            chunk=chunk, memory_k=memory_k, example=example, signal=signal, config=cfg, force=force)
     if summary.get("status") == "ok":
         parsed = summary.get("parsed", summary["rows"])
         console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")
