@@ -46,7 +46,7 @@ def warmstart(
     agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1,
                                                  help="Turn cap of the solver episodes (rollout's --max-turns).")]
     = 16,
-    agent_thinking: Annotated[bool, typer.Option("--agent-thinking/--no-agent-thinking",
+    agent_thinking: Annotated[bool, typer.Option("--agent-think/--no-agent-think",
                                                  help="Agent prompts as rollout --thinking renders them.")] = True,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
