@@ -117,7 +117,7 @@ def main() -> None:
         base = baseline_read_hash(rpath)
         naive = baseline_json_loads(rpath, min(2_000, args.rows), args.rows)
         cli = ["regret", "--envs", str(vpath), "--rollouts", str(rpath), "--out", str(d / "scores.jsonl"),
-               "--memory", str(d / "memory.jsonl"), "--force"]
+               "--memory-out", str(d / "memory.jsonl"), "--embedding", "tfidf", "--force"]
         wall, rss, summary = run_cli(cli)
         again, _, _ = run_cli(cli[:-1])  # up to date: hashes and scans, writes nothing
         s = json.loads(summary)

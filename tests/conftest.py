@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 # sandbox worker, another test's stage), and small matmuls gain nothing from a second thread.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# `spade regret --embedding auto` loads MiniLM (about 12 s a process); the tests of the embeddings
+# themselves (test_diversity.py) pass --embedding explicitly, every other regret run uses TF-IDF.
+os.environ.setdefault("SPADE_EMBEDDING", "tfidf")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -50,7 +50,8 @@ def regret(
         "--replay-staleness", min=0.0, max=1.0, rich_help_panel=PANEL_REPLAY,
         help="PLR rho: weight of the staleness distribution.")] = 0.1,
     embedding: Annotated[str, typer.Option(
-        "--embedding", help="Diversity embedding: tfidf, minilm, or a local HF model directory.")] = "tfidf",
+        "--embedding", envvar="SPADE_EMBEDDING",
+        help="Diversity embedding: auto (minilm if installed), tfidf, minilm or a model dir.")] = "auto",
     audit: Annotated[bool, typer.Option(
         "--audit/--no-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
         "solving most of them flags it seed_invariant.")] = True,
