@@ -168,7 +168,8 @@ def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> 
     envs, fps = scan.scan_rollouts([path], {"a"}, chunk=7)  # tiny chunks: lines cross block edges
     assert fps == [{k: v for k, v in fingerprint(path).items()}]
     st = envs["a"]
-    assert dict(st["h"]) == {0: [1.0], 1: [0.5]} and dict(st["u"]) == {0: [0.25]}
+    # the failed episode recorded 0.25 but scores 0 (the failure rule)
+    assert dict(st["h"]) == {0: [1.0], 1: [0.5]} and dict(st["u"]) == {0: [0.0]}
     assert (st["h_err"], st["u_err"]) == (0, 1)
     path.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "pair": True}) + "\n")
     with pytest.raises(InputError, match=r"r.jsonl:2: field 'pair' must be an integer"):

@@ -215,7 +215,7 @@ def test_cli_end_to_end(artifacts: dict, tiny_model: Path, tmp_path: Path) -> No
     res = run_spade(*args)
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
-    assert summary["status"] == "ok" and summary["agent_samples"] == 16 and summary["designer_samples"] == 6
+    assert summary["status"] == "ok" and summary["agent_samples"] == 17 and summary["designer_samples"] == 6
     report = json.loads((out / "update.json").read_text())
     m = report["metrics"]
     assert m["kl"] is not None and m["kl"] >= 0 and m["grad_norm"]["max"] > 0 and m["optimizer_steps"] == 3
