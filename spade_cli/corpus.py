@@ -10,9 +10,20 @@ without). ``--corpus`` accepts:
 - a ``.jsonl`` or ``.parquet`` file whose rows have a text field (``text``, ``content``,
   ``document`` or ``body``) and optionally an id (``id``, ``doc_id``, ``url``, ``title``);
 - a folder of ``.txt`` files (the id is the relative path) and/or ``.jsonl`` files;
-- a Hugging Face dataset id, ``NAME`` or ``NAME:CONFIG``, streamed with ``datasets``; only the first
-  ``limit`` documents of the stream are considered, since hashing a web-scale corpus is not the
-  point. Offline, this fails with a message naming the dataset.
+- a ``datasets`` source, streamed (``datasets.load_dataset(..., streaming=True)``), so a web-scale
+  corpus is never downloaded or held whole: a Hugging Face dataset id ``NAME`` or ``NAME:CONFIG``
+  (``HuggingFaceFW/fineweb-edu:sample-10BT``, ``mlfoundations/dclm-baseline-1.0``), or local files
+  through a packaged builder, ``parquet:GLOB``, ``json:GLOB`` (JSONL, also ``.jsonl.gz``),
+  ``csv:GLOB`` or ``text:GLOB``. Options follow a ``?``: ``split`` (default ``train``), ``field``
+  (the text column; default the first of ``text``, ``content``, ``document``, ``body``), ``id`` (the
+  id column; default the first of ``id``, ``doc_id``, ``url``, ``title``, else a hash of the text)
+  and ``limit`` (how many documents of the stream are read, default 20000), e.g.
+  ``HuggingFaceFW/fineweb-edu:sample-10BT?split=train&field=text&limit=50000``. Offline, a hub id
+  fails with a message naming the dataset.
+
+Only the first ``limit`` documents of a stream are candidates: the stream's order is fixed by the
+dataset's files, so the candidates, and therefore every pick below, are the same on every run and
+machine; a larger ``limit`` samples from more of the corpus at the cost of reading it.
 
 Documents are picked reproducibly and independently of file order: for each prompt group the
 document with the smallest ``sha256(doc_id | seed | iteration | group)`` among those not yet taken
@@ -41,13 +52,18 @@ def _text_id(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _doc_from_row(row: object, source: str, path: Path | str, line: int | None) -> dict:
+def _doc_from_row(row: object, source: str, path: Path | str, line: int | None,
+                  field: str | None = None, id_field: str | None = None) -> dict:
     if not isinstance(row, dict):
         raise InputError(path, line, f"a corpus row must be a JSON object, got {type(row).__name__}")
-    text = next((row[f] for f in TEXT_FIELDS if isinstance(row.get(f), str)), None)
+    fields = (field,) if field else TEXT_FIELDS
+    text = next((row[f] for f in fields if isinstance(row.get(f), str)), None)
     if text is None:
-        raise InputError(path, line, f"a corpus row needs a text field (one of {', '.join(TEXT_FIELDS)})")
-    doc_id = next((str(row[f]) for f in ID_FIELDS if row.get(f) not in (None, "")), None)
+        have = ", ".join(sorted(map(str, row))) or "none"
+        want = f"a string field {field!r}" if field else f"a text field (one of {', '.join(TEXT_FIELDS)})"
+        raise InputError(path, line, f"a corpus row needs {want}; its fields: {have}")
+    ids = (id_field,) if id_field else ID_FIELDS
+    doc_id = next((str(row[f]) for f in ids if row.get(f) not in (None, "")), None)
     return {"id": doc_id or _text_id(text), "source": str(row.get("source") or source), "text": text}
 
 
@@ -85,26 +101,61 @@ def _read_folder(folder: Path) -> list[dict]:
     return docs
 
 
-def _read_hub(name: str, limit: int) -> list[dict]:
-    repo, _, config = name.partition(":")
+BUILDERS = ("parquet", "json", "csv", "text")
+OPTIONS = ("split", "field", "id", "limit")
+
+
+def parse_source(spec: str) -> tuple[str, dict]:
+    """``SOURCE?k=v&...`` -> (SOURCE, options); unknown or malformed options are a SpadeError."""
+    source, _, query = spec.partition("?")
+    opts: dict = {}
+    for part in filter(None, query.split("&")):
+        key, eq, value = part.partition("=")
+        if key not in OPTIONS or not eq or not value:
+            raise SpadeError(f"--corpus {spec!r}: {part!r} is not an option (use {'=..., '.join(OPTIONS)}=...)")
+        opts[key] = value
+    if "limit" in opts:
+        if not opts["limit"].isdigit() or int(opts["limit"]) < 1:
+            raise SpadeError(f"--corpus {spec!r}: limit must be a positive integer")
+        opts["limit"] = int(opts["limit"])
+    return source, opts
+
+
+def _read_stream(spec: str, source: str, opts: dict, limit: int) -> list[dict]:
+    """The first ``limit`` rows of a streamed ``datasets`` source (see the module docstring)."""
+    builder, colon, files = source.partition(":")
+    local = colon and builder in BUILDERS
+    if local:
+        import glob
+
+        matched = sorted(glob.glob(files, recursive=True))
+        if not matched:
+            raise SpadeError(f"--corpus {spec!r}: no file matches {files!r}")
+        args: tuple = (builder,)
+        kwargs: dict = {"data_files": matched}
+    else:
+        repo, _, config = source.partition(":")
+        args, kwargs = (repo, config or None), {}
+    field, id_field = opts.get("field"), opts.get("id")
+    if builder == "text" and local:
+        field = field or "text"  # the text builder's one column
     try:
         import datasets
 
-        stream = datasets.load_dataset(repo, config or None, split="train", streaming=True)
+        stream = datasets.load_dataset(*args, split=opts.get("split", "train"), streaming=True, **kwargs)
         rows = []
         for i, row in enumerate(stream):
-            if i >= limit:
+            if i >= opts.get("limit", limit):
                 break
-            rows.append(_doc_from_row(row, repo, name, i + 1))
+            rows.append(_doc_from_row(row, source, spec, i + 1, field, id_field))
         return rows
     except InputError:
         raise
-    except Exception as exc:  # datasets raises many types: offline, not found, gated
-        raise SpadeError(
-            f"cannot load the corpus {name!r}: it is neither a local file or folder nor a Hugging Face "
-            f"dataset this machine can stream ({type(exc).__name__}: {exc}). Offline, pass a local "
-            "JSONL/Parquet file or a folder of .txt files."
-        ) from None
+    except Exception as exc:  # datasets raises many types: offline, not found, gated, bad split
+        hint = ("" if local else " Offline, pass local files (parquet:GLOB, json:GLOB, a JSONL or Parquet "
+                "file, or a folder of .txt files).")
+        raise SpadeError(f"cannot stream the corpus {spec!r} with datasets ({type(exc).__name__}: {exc}).{hint}"
+                         ) from None
 
 
 def load_corpus(src: str | Path | None, limit: int = 20000) -> list[dict]:
@@ -112,6 +163,9 @@ def load_corpus(src: str | Path | None, limit: int = 20000) -> list[dict]:
     if src is None or str(src) == "":
         docs = _read_folder(BUNDLED)
         label = "the bundled corpus sample"
+    elif "?" in str(src) or str(src).split(":", 1)[0] in BUILDERS:
+        source, opts = parse_source(str(src))
+        docs, label = _read_stream(str(src), source, opts, limit), str(src)
     else:
         p = Path(src)
         label = str(src)
@@ -124,7 +178,7 @@ def load_corpus(src: str | Path | None, limit: int = 20000) -> list[dict]:
         elif p.suffix in (".jsonl", ".json", ".parquet", ".txt"):
             raise InputError(p, None, "no such corpus file")
         else:
-            docs = _read_hub(str(src), limit)
+            docs = _read_stream(str(src), str(src), {}, limit)
     docs = [d for d in docs if d["text"].strip()]
     if not docs:
         raise SpadeError(f"{label} holds no documents with text")

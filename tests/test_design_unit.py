@@ -177,7 +177,7 @@ def test_bad_corpus_rows_name_file_and_line(tmp_path):
 @pytest.mark.unit
 def test_hub_corpus_offline_fails_naming_the_dataset():
     # the session fixture sets HF_DATASETS_OFFLINE=1 and an empty cache
-    with pytest.raises(SpadeError, match="'someone/web-corpus'.*Offline, pass a local"):
+    with pytest.raises(SpadeError, match="'someone/web-corpus'.*Offline, pass local"):
         corpus.load_corpus("someone/web-corpus")
 
 

@@ -35,8 +35,9 @@ def design(
     n: Annotated[int, typer.Option("--n", help="Designs to write; a multiple of --group.", min=1)] = 24,
     group: Annotated[int, typer.Option("--group", help="Samples per prompt (one GRPO group).", min=1)] = 4,
     corpus: Annotated[str | None, typer.Option(
-        "--corpus", help="Grounding corpus: JSONL/Parquet file, folder of .txt/.jsonl, or HF dataset "
-        "id (NAME or NAME:CONFIG). Default: the bundled sample.", rich_help_panel=PROMPT)] = None,
+        "--corpus", help="Grounding corpus: JSONL/Parquet file, folder, parquet:GLOB, json:GLOB or "
+        "a HF dataset NAME[:CONFIG], options after ? (split, field, id, limit). Default: the bundled "
+        "sample.", rich_help_panel=PROMPT)] = None,
     grounding: Annotated[bool, typer.Option(
         "--grounding/--no-grounding", help="Ground each prompt in a corpus document (ablation: off).",
         rich_help_panel=PROMPT)]
