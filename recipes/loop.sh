@@ -50,7 +50,15 @@ UPDATE_CMD="${UPDATE_CMD:-${SPADE:-spade}}"  # multi-GPU: "accelerate launch --c
 ROLLOUT_SHARDS="${ROLLOUT_SHARDS:-1}"  # >1: rollout shards come from a Slurm array (see recipes/slurm/)
 DESIGN_ARGS="${DESIGN_ARGS:-}"      # extra flags per stage, passed verbatim
 VALIDATE_ARGS="${VALIDATE_ARGS:-}"
-ROLLOUT_ARGS="${ROLLOUT_ARGS:-}"
+# The Agent samples as Qwen3 (4B/8B/30B-A3B) runs in thinking mode: its model cards recommend
+# temperature 0.6, top-p 0.95, top-k 20 (min-p 0) and warn against greedy decoding. The budgets are
+# spade's choice for multi-turn play inside rollout's episode context (--max-episode-tokens): 1024
+# reasoning and 512 answer tokens a turn; a block that runs out is closed by spade (masked out of
+# training); earlier reasoning leaves the context as Qwen3's template drops it. Setting ROLLOUT_ARGS,
+# even to "", replaces all of these (the quickstart and the tests do).
+QWEN3_ROLLOUT="--temperature 0.6 --top-p 0.95 --top-k 20 --think-tokens 1024 --answer-tokens 512"
+QWEN3_ROLLOUT+=" --think-overflow close --think-context auto"
+ROLLOUT_ARGS="${ROLLOUT_ARGS-$QWEN3_ROLLOUT}"
 REGRET_ARGS="${REGRET_ARGS:-}"
 UPDATE_ARGS="${UPDATE_ARGS:-}"
 EVAL_ARGS="${EVAL_ARGS:-}"

@@ -36,7 +36,10 @@ EVAL_ARGS="${EVAL_ARGS:-}"; UPDATE_ARGS_BASE="${UPDATE_ARGS-"--bf16 --gradient-c
 SBATCH_ARGS="${SBATCH_ARGS:-}"           # added to every sbatch, last (they win): account, partition, CPU runs
 POLL_S="${POLL_S:-30}"
 # read by rollout_array.sbatch and update.sbatch through --export=ALL
-export K="${K:-8}" MAX_TURNS="${MAX_TURNS:-16}" SEED ROLLOUT_ARGS="${ROLLOUT_ARGS:-}" RUN
+# the Agent's Qwen3 thinking-mode sampling and budgets, as in loop.sh (which says why)
+QWEN3_ROLLOUT="--temperature 0.6 --top-p 0.95 --top-k 20 --think-tokens 1024 --answer-tokens 512"
+QWEN3_ROLLOUT+=" --think-overflow close --think-context auto"
+export K="${K:-8}" MAX_TURNS="${MAX_TURNS:-16}" SEED ROLLOUT_ARGS="${ROLLOUT_ARGS-$QWEN3_ROLLOUT}" RUN
 export SPADE_REPO="${SPADE_REPO:-$(cd "$(dirname "$0")/../../.." && pwd)}"
 HERE="$SPADE_REPO/recipes/slurm/multi_node"
 echo "== multi-node driver: RUN=$RUN MODEL=$MODEL ITERS=$ITERS SHARDS=$SHARDS SERVE=$SERVE" \
