@@ -17,6 +17,7 @@ ever plays shares a seed with one it was warm-started on.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable
@@ -65,11 +66,11 @@ def price_lookup(obs: list[str], rng: random.Random, noise: float) -> str:
     prices = dict(re.findall(r"(\w+) costs (\d+)\.", "\n".join(obs[1:])))
     missing = [k for k in order if k not in prices]
     if missing:
-        return '{"tool": "price", "item": "%s"}' % missing[0]
+        return json.dumps({"tool": "price", "item": missing[0]})
     total = sum(int(prices[k]) * int(n) for k, n in order.items())
     if rng.random() < noise:
         total += rng.choice([-2, -1, 1, 2])
-    return '{"tool": "submit", "total": %d}' % total
+    return json.dumps({"tool": "submit", "total": total})
 
 
 SOLVERS: dict[str, Policy] = {"exact_sum": exact_sum, "guess_number": guess_number, "price_lookup": price_lookup}
