@@ -71,14 +71,17 @@ def apply_rlimits(cpu_s: int, memory_mb: int, fsize_mb: int, nofile: int, nproc:
             raise ConfineError(f"setrlimit({which}) failed: {exc}") from None
 
 
-# Env processes as root become uid/gid ENV_UID_BASE + their pid: a uid no account uses, so the
-# process owns no file and no other process on the host (not even another env's), and kernel
-# checks by uid (signals, ptrace, /proc, prlimit) see a stranger. Pids stay below 2**22.
+# Env processes as root become uid/gid ENV_UID_BASE + a number the zygote draws at random among
+# those no live env holds: a uid no account uses, so the process owns no file and no other process
+# on the host (not even another env's), and kernel checks by uid (signals, ptrace, /proc, prlimit)
+# see a stranger. Not the pid: pids count up, and the uid would tell an env how many episodes ran
+# before it.
 ENV_UID_BASE = 1 << 30
+ENV_UIDS = 1 << 22
 
 
-def env_uid(pid: int) -> int:
-    return ENV_UID_BASE + pid
+def env_uid(n: int) -> int:
+    return ENV_UID_BASE + n % ENV_UIDS
 
 
 PR_SET_KEEPCAPS, CAP_DAC_READ_SEARCH = 8, 2
@@ -107,7 +110,31 @@ def drop_privileges(workdir: str, uid: int, keep_read_search: bool = False) -> b
     return True
 
 
-CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
+
+
+def own_pid_namespace() -> int | None:
+    """An fd of the caller's pid namespace when it may make new ones (CAP_SYS_ADMIN), else None."""
+    try:
+        fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not new_pid_namespace(fd):
+        os.close(fd)
+        return None
+    same_pid_namespace(fd)
+    return fd
+
+
+def new_pid_namespace(own_fd: int) -> bool:
+    """Make the caller's next child pid 1 of a pid namespace of its own (the caller stays where it
+    is; ``setns(own_fd)`` first, since a namespace takes only its first child as init)."""
+    return _libc.setns(own_fd, CLONE_NEWPID) == 0 and _libc.unshare(CLONE_NEWPID) == 0
+
+
+def same_pid_namespace(own_fd: int) -> None:
+    """Children forked from now on share the caller's pid namespace again."""
+    _libc.setns(own_fd, CLONE_NEWPID)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 
 

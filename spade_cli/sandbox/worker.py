@@ -23,6 +23,8 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import random
+import select
 import shutil
 import signal
 import socket
@@ -34,6 +36,7 @@ from spade_cli.sandbox import confine, protocol
 from spade_cli.sandbox.checks import Rejected, check_flag, check_info, check_obs, check_reward, describe
 
 CTRL_MAX = 1 << 16
+_UID_DRAW = random.SystemRandom()
 ENV_MODULE = "spade_env"
 
 
@@ -165,10 +168,19 @@ def _shape(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _confine(spec: dict, workdir: str) -> str:
+def _zygote_gone(handoff: socket.socket) -> bool:
+    """Whether the zygote closed the hand-off socket without handing anything over (there is no
+    parent pid to compare: in a pid namespace of its own the env process sees its parent as 0).
+    The zygote closes its end right after the hand-off, so a waiting message means it was there."""
+    poller = select.poll()
+    poller.register(handoff, select.POLLIN)
+    return any(ev & (select.POLLHUP | select.POLLERR) and not ev & select.POLLIN for _fd, ev in poller.poll(0))
+
+
+def _confine(spec: dict, workdir: str, handoff: socket.socket) -> str:
     """Every layer, in order; returns how the scratch space is capped (see protocol.Ready)."""
     os.setsid()
-    uid = confine.env_uid(os.getpid()) if spec["drop_uid"] else os.geteuid()
+    uid = confine.env_uid(spec["uid"]) if spec["drop_uid"] else os.geteuid()
     scratch = "none"
     if spec["private_scratch"] and confine.private_scratch(workdir, spec["scratch_mb"], uid):
         scratch = "tmpfs"
@@ -189,7 +201,7 @@ def _confine(spec: dict, workdir: str) -> str:
         except confine.ConfineError:
             pass  # an unprivileged process without them: nothing to drop
     confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
-    if os.getppid() != spec["zygote_pid"]:
+    if _zygote_gone(handoff):
         os._exit(1)  # the zygote died between fork and prctl
     if spec["landlock"]:
         confine.apply_landlock(spec["read_paths"], [workdir, os.devnull])
@@ -214,7 +226,7 @@ def env_main(handoff: socket.socket, spec: dict, workdir: str) -> None:
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         os.close(devnull)
-        hello = protocol.Ready(scratch=_confine(spec, workdir))
+        hello = protocol.Ready(scratch=_confine(spec, workdir, handoff))
     except BaseException as exc:  # a setup failure, reported before any env code exists here
         error = describe(exc)
     max_obs, max_frame = spec["max_obs_chars"], spec["max_frame"]
@@ -327,25 +339,48 @@ class Zygote:
         # one confined child waiting for its sockets: (pid, hand-off socket, dir, its spec's bytes)
         self.ready: tuple[int, socket.socket, str, bytes] | None = None
         self.want: bytes | None = None  # the spec of the last spawn request, packed
+        self.uids: dict[int, int] = {}  # env pid -> its uid number (confine.env_uid), while it lives
+        self.pidns = confine.own_pid_namespace()  # None where new pid namespaces are not allowed
 
     def refill(self) -> None:
         """Fork and (in the child) confine the next env process for the last spec asked for."""
         if self.want is None or (self.ready is not None and self.ready[3] == self.want):
             return
         self.discard_ready()
-        spec = {**protocol.unpack(self.want), "read_paths": self.read_paths, "zygote_pid": os.getpid()}
+        uid = self.free_uid()
+        spec = {**protocol.unpack(self.want), "read_paths": self.read_paths, "uid": uid}
         workdir = tempfile.mkdtemp(prefix="env-", dir=self.base)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Pid 1 of a pid namespace of its own, so every env process has the same pid: counted
+        # pids would tell it how many episodes of the stage ran before it.
+        fresh = self.pidns is not None and confine.new_pid_namespace(self.pidns)
         pid = os.fork()
+        if fresh and pid:
+            confine.same_pid_namespace(self.pidns)  # the zygote's own again, for every other fork
         if pid == 0:
             self.ctrl.close()
             mine.close()
+            if self.pidns is not None:
+                os.close(self.pidns)
             self.children.clear()
             self.dying.clear()
             self.ready = self.want = None
             env_main(theirs, spec, workdir)
         theirs.close()
+        self.uids[pid] = uid
         self.ready = (pid, mine, workdir, self.want)
+
+    def free_uid(self) -> int:
+        """A uid number no live env process holds, drawn from the OS (not ``random``'s shared
+        state, which every env process inherits)."""
+        while True:
+            n = _UID_DRAW.randrange(confine.ENV_UIDS)
+            if n not in self.uids.values():
+                return n
+
+    def forget(self, pid: int) -> None:
+        self.uids.pop(pid, None)
+        _remove_dir(self.children.pop(pid))
 
     def discard_ready(self) -> None:
         if self.ready is not None:
@@ -422,7 +457,7 @@ class Zygote:
                 done = pid
             if done:
                 self.dying.discard(pid)
-                _remove_dir(self.children.pop(pid))
+                self.forget(pid)
 
     def kill(self, pid: int) -> dict:
         """SIGKILL an env process group, reap it, and say how it ended."""
@@ -436,7 +471,7 @@ class Zygote:
                     pass
             _, st = os.waitpid(pid, 0)
             reply = _status(st)
-            _remove_dir(self.children.pop(pid))
+            self.forget(pid)
         _reap_strays({**self.children, **({self.ready[0]: ""} if self.ready else {})})
         return reply
 

@@ -122,12 +122,18 @@ CASES = [
     C("fork_exec_audit_bypass", attack("import _posixsubprocess\nos.fork()", top="import os"), "blocked"),
     C("setsid_daemon", attack("if os.fork() == 0:\n    os.setsid()\n    time.sleep(600)",
                               top="import os, time"), "blocked"),
-    C("kill_parent", attack("os.kill(os.getppid(), signal.SIGKILL)", top="import os, signal"), "blocked"),
+    # In a pid namespace of its own (both tiers as root, the strong tier always) the env's parent
+    # is out of sight: getppid() is 0, which kill() would read as "my own group".
+    C("kill_parent", attack("ppid = os.getppid()\nif not ppid:\n    raise ProcessLookupError('no parent in sight')\n"
+                            "os.kill(ppid, signal.SIGKILL)", top="import os, signal"), "blocked"),
     C("kill_everything", attack("os.kill(-1, signal.SIGKILL)", top="import os, signal"), "blocked"),
     C("kill_victim", attack("os.kill(__VICTIM_PID__, signal.SIGKILL)", top="import os, signal"), "blocked"),
     C("pidfd_victim", attack("signal.pidfd_send_signal(os.pidfd_open(__VICTIM_PID__), signal.SIGKILL)",
                              top="import os, signal"), "blocked"),
-    C("killpg_own_group", env("os.killpg(os.getpgrp(), signal.SIGKILL)", top="import os, signal"), "crashed"),
+    # As pid 1 of its own pid namespace the env's group is 1, and killpg(1) means kill(-1): every
+    # process it could signal but itself, i.e. none (ESRCH); without the namespace it dies.
+    C("killpg_own_group", env("os.killpg(os.getpgrp(), signal.SIGKILL)", top="import os, signal"), "crashed",
+      "step_exception"),
     C("ptrace_parent", attack("libc = ctypes.CDLL(None, use_errno=True)\n"
                               "if libc.ptrace(16, os.getppid(), 0, 0) == -1:\n"
                               "    raise PermissionError(ctypes.get_errno())", top="import ctypes, os"),
