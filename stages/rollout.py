@@ -29,6 +29,7 @@ the same seeds when the backend's samples depend only on prompt and seed.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,14 @@ def _returns_summary(rows: list[dict]) -> dict:
         out[f"{side}_mean"] = round(sum(vals) / len(vals), 4) if vals else None
     return out
 
+
+def _prestart(pool: Any) -> None:
+    from spade_cli.sandbox import SandboxUnavailable
+
+    try:
+        pool.prestart((0,))
+    except (SandboxUnavailable, OSError):
+        pass  # the first episode starts it again and reports it, in the stage's own thread
 
 def run(
     model: str,
@@ -168,6 +177,9 @@ def run(
         tier_used = pool.tier
         stage.warnings += pool.warnings
         bk = backend_obj
+        # The zygote pre-imports numpy and gymnasium (most of a second) while the model loads.
+        starter = threading.Thread(target=_prestart, args=(pool,), daemon=True)
+        starter.start()
         try:
             if bk is None:
                 kw = dict(backend_kwargs or {})
@@ -190,6 +202,7 @@ def run(
                 stage.timings.update(play_s=round(time.perf_counter() - t0, 3),
                                      generate_s=round(stats.gen_s, 3), env_s=round(stats.env_s, 3))
         finally:
+            starter.join()  # a zygote finishing its start after close() would outlive the pool
             pool.close()
             if backend_obj is None and bk is not None and hasattr(bk, "close"):
                 bk.close()
