@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -39,39 +40,65 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def serve(tiny_model, tmp_path_factory):
-    """``transformers serve`` on a free 127.0.0.1 port, ready within a bounded time."""
+    """``transformers serve`` on a free 127.0.0.1 port, ready within a bounded time.
+
+    A free port is only free until someone binds it: another test worker can take it between
+    ``_free_port`` and the server's bind, so a server that exits before it is ready is started again on
+    a new port (three tries)."""
     pytest.importorskip("fastapi", reason="transformers serve needs pip install 'transformers[serving]'")
     pytest.importorskip("uvicorn", reason="transformers serve needs pip install 'transformers[serving]'")
+    log_dir = tmp_path_factory.mktemp("serve")
+    for attempt in range(3):
+        proc, url, log = _start_serve(tiny_model, log_dir / f"serve-{attempt}.log")
+        try:
+            if _wait_ready(proc, url, log, deadline=time.monotonic() + 120):
+                break
+        except BaseException:
+            _stop(proc)
+            raise
+    else:
+        pytest.fail(f"transformers serve exited before it was ready, three times:\n{log.read_text()[-3000:]}")
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _start_serve(tiny_model, log: Path) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.exit(main())",
            "serve", str(tiny_model), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
            "--dtype", "float32"]
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not ready in 120 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, log: Path, deadline: float) -> bool:
+    """True once /health answers 200; False if the server exited first (try another port)."""
+    while True:
+        if proc.poll() is not None:
+            return False
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"transformers serve not ready in 120 s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _prompts(tok) -> list[list[int]]:
