@@ -84,6 +84,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     """Everything the pass needs; ``state`` (from ``trainer_state.find``) is resumed when given."""
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import set_seed
     from transformers import AutoTokenizer, get_scheduler
 
     from spade_cli import trainer_state
@@ -94,7 +95,10 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     if ds is not None:  # no dataloader goes through prepare(), so DeepSpeed cannot infer these
         ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.per_device_train_batch_size
         ds.deepspeed_config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
-    torch.manual_seed(cfg.seed)
+    # Every generator accelerate saves with the state (python, numpy, torch), not only torch's: an
+    # unseeded one starts from OS entropy, and the RNG state a pass saves would differ between two
+    # identical runs (and between a preempted-and-resumed pass and an uninterrupted one).
+    set_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     uniform = len(temperatures) <= 1
     head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
