@@ -19,6 +19,10 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # `spade regret --embedding auto` loads MiniLM (about 12 s a process); the tests of the embeddings
 # themselves (test_diversity.py) pass --embedding explicitly, every other regret run uses TF-IDF.
 os.environ.setdefault("SPADE_EMBEDDING", "tfidf")
+# Subprocesses (`python -m spade_cli`, accelerate, lm-eval) import spade from the checkout under test,
+# not from wherever the venv's editable install points: two clones or worktrees may share one venv.
+# (Sandbox workers start with `python -I` and ignore this.)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(autouse=True, scope="session")
