@@ -44,7 +44,8 @@ def test_a_second_writer_fails_at_once_naming_the_holder_and_a_dead_ones_lock_is
         t0 = time.time()
         with pytest.raises(locks.LockHeld) as err:
             locks.acquire(out)
-        assert time.time() - t0 < 1.0  # at once, not after a wait
+        # at once: a waiting writer would wait for the holder, which holds until the test ends
+        assert time.time() - t0 < 10.0
         msg = str(err.value)
         assert f"pid {proc.pid} on {socket.gethostname()}" in msg and "Slurm job 4242" in msg and str(out) in msg
     finally:

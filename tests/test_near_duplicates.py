@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -88,16 +87,13 @@ def test_code_that_does_not_parse_has_no_hash() -> None:
 
 
 @pytest.mark.unit
-def test_hashing_a_batch_is_cheap() -> None:
-    """24 designs of the bundled pool's size; the figure goes to the report, the bound is loose."""
+def test_the_bundled_pool_twice_hashes_to_its_distinct_envs() -> None:
+    """24 designs of the bundled pool's size: every one hashes, the copies collide, nothing else."""
     from spade_cli import pool
 
     codes = [e["code"] for e in pool.load_folder(pool.BUNDLED_POOL)] * 2
-    t0 = time.perf_counter()
     hashes = [ast_hash(c) for c in codes]
-    elapsed = time.perf_counter() - t0
     assert len(codes) == 24 and None not in hashes and len(set(hashes)) == 12
-    assert elapsed < 5.0, elapsed  # a sandboxed validation takes seconds per design
 
 
 # -- validate --------------------------------------------------------------------------------------
