@@ -34,6 +34,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, write_jsonl
@@ -41,6 +42,7 @@ from spade_cli.records import Eval
 
 MULTI_TURN = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 _THINK_END = "</think>"
+BFCL_MAX_TOKENS = 1024  # a reply's cap without --max-tokens: one turn's calls
 
 
 def categories(name: str) -> list[str]:
@@ -75,7 +77,8 @@ def _import_bfcl(root: str | None = None) -> Any:
 def make_handler(backend: Any, sampling: Any, run_name: str, seed: int) -> Any:
     """A BFCL prompting handler whose model call is one ``backend.generate`` on the rendered chat."""
     base, mh, _, _, _ = _import_bfcl()
-    from spade_cli.backends import Sampling, render_chat, sample_seed
+    from spade_cli.backends import render_chat, sample_seed
+    from spade_cli.backends.thinking import unanswered
 
     class SpadeHandler(base.BaseHandler):
         def __init__(self) -> None:
@@ -93,8 +96,7 @@ def make_handler(backend: Any, sampling: Any, run_name: str, seed: int) -> Any:
             ids = render_chat(backend.tokenizer, inference_data["message"])
             # One seed per call, derived from the run seed and the call's position in the entry,
             # so a resumed or reordered run samples what an uninterrupted one would.
-            s = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-                         seed=sample_seed(seed, self.calls))
+            s = replace(sampling, seed=sample_seed(seed, self.calls))
             self.calls += 1
             t0 = time.perf_counter()
             [[sample]] = backend.generate([ids], n=1, sampling=s, seeds=[s.seed])
@@ -109,7 +111,10 @@ def make_handler(backend: Any, sampling: Any, run_name: str, seed: int) -> Any:
             sample, n_prompt = api_response
             # A thinking model's reasoning is logged but left out of the chat history and of the
             # text BFCL decodes, as BFCL's own handlers for reasoning models do.
+            # A reply that never left its reasoning (--think-overflow end) answers nothing.
             reasoning, sep, answer = sample.text.rpartition(_THINK_END)
+            if unanswered(sample):
+                reasoning, sep, answer = sample.text, _THINK_END, ""
             out = {"model_responses": answer.strip() if sep else sample.text, "input_token": n_prompt,
                    "output_token": len(sample.token_ids)}
             if sep:
@@ -195,14 +200,14 @@ def play_entry(backend: Any, sampling: Any, entry: dict, truth: list[list[str]],
 
 
 def run_bfcl(spec: Any, ctx: Any) -> list[Eval]:
-    from spade_cli.backends import Sampling, sample_seed
+    from spade_cli.backends import sample_seed
     from spade_cli.evaluators import mean_stderr
 
     side = ctx.side_dir("bfcl", spec)
     side.mkdir(parents=True, exist_ok=True)
     _, _, utils, _, _ = _import_bfcl(str(side))
-    backend = ctx.generator()
-    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or 1024, seed=ctx.seed)
+    backend = ctx.replier(BFCL_MAX_TOKENS)
+    sampling = ctx.sampling(BFCL_MAX_TOKENS)
     n = min(x for x in (spec.n, ctx.limit, 10**9) if x)
     rows, logs = [], []
     for category in categories(spec.name):

@@ -5,7 +5,9 @@ draws them round-robin over every dataset Reasoning Gym files under that categor
 ``ProceduralDataset.category``: the dataset's subpackage), plus ``math``, spade's reading of the
 paper's RG-Math. The prompt is Reasoning Gym's default system prompt and the question, rendered
 with the model's chat template; the answer is the last ``<answer>…</answer>`` after any
-``</think>`` (else the last non-empty line), scored by ``score_answer``. An item's score is the
+``</think>`` (else the last non-empty line; none when the block never closed), scored by
+``score_answer``. With ``--think-tokens`` the reasoning and the answer have budgets of their own
+(``spade_cli.backends.thinking``); the item log records each reply's reasoning figures. An item's score is the
 mean over ``--samples`` samples; a category row also carries the mean per dataset. Per-item logs
 go to ``OUT.rg/``.
 
@@ -32,7 +34,10 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
 def extract_answer(completion: str) -> str:
-    """The last <answer>…</answer> after any reasoning block, else the last non-empty line."""
+    """The last <answer>…</answer> after any reasoning block, else the last non-empty line; a
+    reasoning block that is never closed leaves no answer."""
+    if "<think>" in completion and _THINK_END not in completion.rsplit("<think>", 1)[1]:
+        return ""
     text = completion.rsplit(_THINK_END, 1)[-1]
     found = _ANSWER.findall(text)
     if found:
@@ -91,19 +96,26 @@ def rg_items(spec: TaskSpec, n: int, seed: int, log: Callable[[str], None] = lam
              made[names[i % len(names)]]) for i in range(n)], skipped
 
 
+def _think_log(sample: Any) -> dict:
+    """A reply's reasoning figures for the per-item log (two-phase replies only)."""
+    keys = ("think_tokens", "answer_tokens", "forced_tokens", "think_overflow")
+    return {k: sample.extra[k] for k in keys if k in (sample.extra or {})}
+
+
 def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     """Item scores averaged over ``--samples`` samples; for a category, also the mean per dataset."""
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
-    from spade_cli.backends import Sampling, render_chat
+    from spade_cli.backends import render_chat
+    from spade_cli.backends.thinking import unanswered
     from spade_cli.evaluators import mean_stderr
 
     n = spec.n or ctx.limit or 50
     if ctx.limit:
         n = min(n, ctx.limit)
     items, skipped = rg_items(spec, n, ctx.seed, ctx.log)
-    backend = ctx.generator()
-    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or RG_MAX_TOKENS, seed=ctx.seed)
+    backend = ctx.replier(RG_MAX_TOKENS)
+    sampling = ctx.sampling(RG_MAX_TOKENS)
     logs, scores = [], []
     for start in range(0, len(items), ctx.batch_size):
         batch = items[start:start + ctx.batch_size]
@@ -114,13 +126,15 @@ def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
         for (ds_name, item, ds), samples in zip(batch, outs, strict=True):
             per_sample = []
             for sample in samples:
-                answer = extract_answer(sample.text)
+                # A reply that never left its reasoning has no answer (its last line is a thought).
+                answer = "" if unanswered(sample) else extract_answer(sample.text)
                 try:
                     per_sample.append(float(ds.score_answer(answer, item)))
                 except Exception:  # noqa: BLE001 - a scorer crashing on garbage text scores 0, as in rg
                     per_sample.append(0.0)
                 logs.append({"dataset": ds_name, "question": item["question"], "gold": item["answer"],
-                             "completion": sample.text, "extracted": answer, "score": per_sample[-1]})
+                             "completion": sample.text, "extracted": answer, "score": per_sample[-1],
+                             **_think_log(sample)})
             scores.append(sum(per_sample) / len(per_sample))
         ctx.log(f"{spec.label}: {len(scores)}/{n} items, mean score {sum(scores) / len(scores):.3f}")
     write_jsonl(ctx.side_dir("rg", spec).with_suffix(".jsonl"), logs)

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, write_jsonl
@@ -37,6 +38,7 @@ from spade_cli.records import Eval
 DOMAINS = ("airline", "retail", "telecom")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _THINK_END = "</think>"
+TAU2_MAX_TOKENS = 4096  # a reply's cap without --max-tokens
 
 
 def _import_tau2() -> Any:
@@ -80,7 +82,8 @@ def make_agent(backend: Any, sampling: Any, environment: Any, seed: int) -> Any:
     from tau2.data_model.message import AssistantMessage, MultiToolMessage, ToolCall
     from tau2.utils.llm_utils import to_litellm_messages
 
-    from spade_cli.backends import Sampling, sample_seed
+    from spade_cli.backends import sample_seed
+    from spade_cli.backends.thinking import unanswered
 
     class SpadeAgent(run.LLMAgent):
         def set_seed(self, seed: int) -> None:  # tau2 seeds its LLM call; spade seeds each sample itself
@@ -98,10 +101,10 @@ def make_agent(backend: Any, sampling: Any, environment: Any, seed: int) -> Any:
             out = backend.tokenizer.apply_chat_template(chat, tools=[t.openai_schema for t in self.tools],
                                                         tokenize=True, add_generation_prompt=True)
             ids = list(out["input_ids"] if hasattr(out, "keys") else out)
-            s = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-                         seed=sample_seed(seed, len(state.messages)))
+            s = replace(sampling, seed=sample_seed(seed, len(state.messages)))
             [[sample]] = backend.generate([ids], n=1, sampling=s, seeds=[s.seed])
-            content, calls = parse_reply(sample.text)
+            # A reply that never left its reasoning (--think-overflow end) says and calls nothing.
+            content, calls = (None, []) if unanswered(sample) else parse_reply(sample.text)
             if content is None and not calls:
                 content = "..."  # tau2 rejects an empty message; an empty reply still costs a turn
             reply = AssistantMessage(role="assistant", content=content, tool_calls=[
@@ -150,7 +153,7 @@ def play_task(backend: Any, sampling: Any, domain: str, task: Any, *, user_model
 
 
 def run_tau2(spec: Any, ctx: Any) -> list[Eval]:
-    from spade_cli.backends import Sampling, sample_seed
+    from spade_cli.backends import sample_seed
     from spade_cli.evaluators import mean_stderr
 
     if spec.name not in DOMAINS:
@@ -161,8 +164,8 @@ def run_tau2(spec: Any, ctx: Any) -> list[Eval]:
     run = _import_tau2()
     tasks = run.load_tasks(spec.name, "base")
     n = min(x for x in (spec.n, ctx.limit, len(tasks)) if x)
-    backend = ctx.generator()
-    sampling = Sampling(temperature=ctx.temperature, max_tokens=ctx.max_tokens or 4096, seed=ctx.seed)
+    backend = ctx.replier(TAU2_MAX_TOKENS)
+    sampling = ctx.sampling(TAU2_MAX_TOKENS)
     logs, rewards = [], []
     for task in tasks[:n]:
         for j in range(ctx.samples):

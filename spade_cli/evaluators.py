@@ -18,6 +18,11 @@ A task spec is ``kind:name[:N]``:
   ``tau2_bench``, ``live_code_bench``) as a subprocess against an OpenAI-compatible server and
   reads its report JSON from ``OUT.evalscope/<benchmark>/``.
 
+Reasoning budgets (``--think-tokens``, ``--answer-tokens``, ``--think-overflow``) apply to the
+tasks spade generates itself (``rg:``, ``envs:``, ``bfcl:``, ``tau2:``), through
+``spade_cli.backends.thinking``; ``lm:`` and ``evalscope:`` generate inside their own harness in one
+phase, so ``spade eval`` refuses those flags with them (``THINKING_KINDS``).
+
 The ``rg:`` adapter lives in ``spade_cli.eval_rg`` (re-exported here); the ``evalscope:`` and
 ``envs:`` adapters live in ``stages/eval.py`` beside the registry that maps
 kinds to adapters. Every adapter returns ``spade.eval/1`` rows, one per (task, metric). The tiny model in the tests
@@ -38,6 +43,7 @@ from spade_cli.artifacts import SpadeError, atomic_write_text, write_jsonl
 from spade_cli.records import Eval
 
 KINDS = ("lm", "rg", "envs", "bfcl", "tau2", "evalscope")
+THINKING_KINDS = ("rg", "envs", "bfcl", "tau2")  # the kinds spade generates for, two phases possible
 PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
 # The paper's held-out suite (DESIGN §1) with a sampling setting per benchmark: samples per item
 # (the score is pass@1 averaged over them), temperature, max new tokens. The settings are the
@@ -95,6 +101,21 @@ def parse_spec(text: str) -> TaskSpec:
     return TaskSpec(kind, rest, n)
 
 
+def check_thinking(specs: list[TaskSpec], think_tokens: int | None, overflow: str = "close") -> None:
+    """ValueError when reasoning budgets are asked for tasks that cannot take them."""
+    from spade_cli.backends.thinking import OVERFLOW
+
+    if overflow not in OVERFLOW:
+        raise ValueError(f"--think-overflow must be one of {', '.join(OVERFLOW)}, got {overflow!r}")
+    if think_tokens is None:
+        return
+    harness = [s.label for s in specs if s.kind not in THINKING_KINDS]
+    if harness:
+        raise ValueError(f"--think-tokens applies to {', '.join(k + ':' for k in THINKING_KINDS)} tasks; "
+                         f"{', '.join(harness)} generate inside their own harness in one phase (use "
+                         "--max-tokens for them, in a spade eval run of their own)")
+
+
 def parse_specs(texts: str | list[str]) -> list[TaskSpec]:
     """Comma-separated (or repeated) specs, in order, without duplicates."""
     parts = [texts] if isinstance(texts, str) else list(texts)
@@ -132,6 +153,11 @@ class EvalContext:
     user_max_tokens: int | None = None
     max_steps: int = 100  # tau2: messages per conversation (tau2's own default)
     data_dir: str | None = None  # lm: paper tasks read their local files here instead of the hub
+    top_p: float = 1.0  # tasks spade generates itself (rg, envs, bfcl, tau2)
+    top_k: int = 0
+    think_tokens: int | None = None  # set: reasoning and answer in two phases (spade-generated tasks)
+    answer_tokens: int | None = None
+    think_overflow: str = "close"
     force: bool = False
     log: Callable[[str], None] = lambda msg: None
     _backend: Any = field(default=None, repr=False)
@@ -152,6 +178,32 @@ class EvalContext:
             kwargs = {"base_url": self.base_url} if self.backend == "openai" else {}
             self._backend = load_backend(self.backend, self.model, **kwargs)
         return self._backend
+
+    def sampling(self, default_tokens: int) -> Any:
+        """The sampling of a task spade generates: ``--max-tokens`` or the task's own cap."""
+        from spade_cli.backends import Sampling
+
+        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                        max_tokens=self.max_tokens or default_tokens, seed=self.seed)
+
+    def thinking(self, default_tokens: int) -> Any:
+        """The reasoning budgets bound to the model's tokenizer, or None without --think-tokens;
+        the answer budget is ``--answer-tokens``, else the task's token cap."""
+        if self.think_tokens is None:
+            return None
+        from spade_cli.backends.thinking import Thinking
+
+        answer = self.answer_tokens or self.max_tokens or default_tokens
+        return Thinking(self.think_tokens, answer, self.think_overflow).bind(self.generator().tokenizer)
+
+    def replier(self, default_tokens: int) -> Any:
+        """The backend a harness adapter calls: two-phase replies with --think-tokens."""
+        think = self.thinking(default_tokens)
+        if think is None:
+            return self.generator()
+        from spade_cli.backends.thinking import ThinkingBackend
+
+        return ThinkingBackend(self.generator(), think)
 
     def close(self) -> None:
         if self._backend is not None:

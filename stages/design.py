@@ -35,6 +35,7 @@ from spade_cli import corpus as corpus_mod
 from spade_cli import pool as pool_mod
 from spade_cli import prompts
 from spade_cli.artifacts import InputError, SpadeError, atomic_write_text, dumps, read_records
+from spade_cli.backends.thinking import Thinking, generate_thinking, unanswered
 from spade_cli.records import Design
 
 # The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
@@ -91,16 +92,41 @@ def failed_design_id(group_id: str | None, sample: int, completion: str | None) 
     return FAILED_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: int, gen: dict) -> Design:
+def _unclosed(text: str) -> bool:
+    """One budget for reasoning and answer: the last ``<think>`` of the reply is never closed."""
+    return "<think>" in text and "</think>" not in text.rsplit("<think>", 1)[1]
+
+
+def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: int, gen: dict,
+               think: Thinking | None = None) -> Design:
+    """One row per sample. A reply that never left its reasoning (``think_overflow``) is a failed
+    design with that reason, whatever its reasoning text holds: code drafted while thinking is no
+    answer. Tokens spade appended (a forced ``</think>``) are 0 in ``tokens.env_mask``."""
     parsed = prompts.parse_completion(sample.text)
+    extra = sample.extra or {}
+    record = {k: extra[k] for k in ("think_tokens", "answer_tokens", "forced_tokens") if k in extra}
+    if think is not None:
+        overflow = bool(extra.get("think_overflow"))
+        if unanswered(sample):
+            parsed = prompts.Parsed(None, None, None, f"think_overflow: the reasoning used its budget "
+                                    f"({record.get('think_tokens', think.think_tokens)} tokens) without "
+                                    f"</think> ({think.overflow}); no answer")
+    else:
+        overflow = gen.get("enable_thinking", False) and _unclosed(sample.text or "")
+        if overflow:
+            parsed = prompts.Parsed(None, None, None, f"think_overflow: the reasoning block was not "
+                                    f"closed within --max-tokens ({gen.get('max_tokens')}); no answer")
+    if think is not None or gen.get("enable_thinking"):
+        record["think_overflow"] = overflow
     failed = parsed.error is not None
+    tokens = {"prompt_ids": prompt_ids, "completion_ids": list(sample.token_ids), "logprobs": sample.logprobs}
+    if "sampled_mask" in extra:
+        tokens["env_mask"] = list(extra["sampled_mask"])
     return Design(env_id=failed_design_id(p["group_id"], j, sample.text) if failed else "",
                   iteration=iteration, group_id=p["group_id"], sample=j, doc=p["doc"],
                   messages=p["messages"], completion=sample.text, title=parsed.title, code=parsed.code,
-                  hint=parsed.hint, parse_error=parsed.error,
-                  tokens={"prompt_ids": prompt_ids, "completion_ids": list(sample.token_ids),
-                          "logprobs": sample.logprobs},
-                  gen={**gen, "finish_reason": sample.finish_reason})
+                  hint=parsed.hint, parse_error=parsed.error, tokens=tokens,
+                  gen={**gen, **record, "finish_reason": sample.finish_reason})
 
 
 def _resume_groups(stage: Any, group: int) -> dict[str, list[dict]]:
@@ -120,12 +146,15 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         iteration: int = 0, seed: int = 0, backend: Any = "hf", base_url: str | None = None,
         temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 4096, excerpt_chars: int = 1500,
         enable_thinking: bool = False, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
-        example: bool = True, signal: str = "regret", config: dict | None = None,
+        example: bool = True, signal: str = "regret", top_k: int = 0, think_tokens: int | None = None,
+        answer_tokens: int | None = None, think_overflow: str = "close", config: dict | None = None,
         force: bool = False) -> dict:
     """Write ``n`` design rows to ``out`` and return the summary (see the module docstring).
 
     ``backend`` is a registry name (hf, vllm, openai, ``module:Class``) or a ready backend object.
-    ``memory`` is read when given; pass None for the no-memory ablation.
+    ``memory`` is read when given; pass None for the no-memory ablation. ``think_tokens`` set:
+    reasoning and answer get their own budgets (``spade_cli.backends.thinking``), the answer
+    ``answer_tokens`` (default ``max_tokens``); a pool ignores them, as it ignores sampling.
     """
     from spade_cli.artifacts import Stage
 
@@ -179,7 +208,10 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         be = load_backend(backend, model, **kwargs)
     from spade_cli.backends import Sampling, render_chat
 
-    calls = prompt_tokens = completion_tokens = parse_errors = 0
+    think = None
+    if think_tokens is not None and todo:
+        think = Thinking(think_tokens, answer_tokens or max_tokens, think_overflow).bind(be.tokenizer)
+    calls = prompt_tokens = completion_tokens = parse_errors = think_overflows = 0
     try:
         chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)] if chunk > 0 else [todo]
         with stage.writer() as w:
@@ -188,19 +220,26 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
                 # One seed per group (prompt), so a group's designs do not depend on which other
                 # groups share the call: a resumed run writes what the uninterrupted one would have.
                 seeds = [_sub_seed(seed, iteration, p["group_id"]) for p in part]
-                sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
-                outs = be.generate(ids, n=group, sampling=sampling, seeds=seeds)
+                sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, top_k=top_k)
+                if think is None:
+                    outs = be.generate(ids, n=group, sampling=sampling, seeds=seeds)
+                else:
+                    outs = generate_thinking(be, ids, group, sampling, think, seeds=seeds)
                 calls += 1
                 gen = {"model": str(model) if model else getattr(be, "model", None), "backend": be.name,
-                       "temperature": temperature, "top_p": top_p,
+                       "temperature": temperature, "top_p": top_p, "top_k": top_k,
                        "max_tokens": max_tokens, "enable_thinking": enable_thinking}
+                if think is not None:
+                    gen["think_budget"] = {"think": think.think_tokens, "answer": think.answer_tokens,
+                                           "overflow": think.overflow}
                 if len(outs) != len(part) or any(len(o) != group for o in outs):
                     raise SpadeError(f"backend {be.name} returned {[len(o) for o in outs]} samples for "
                                      f"{len(part)} prompts x {group}")
                 for p, pid, samples, group_seed in zip(part, ids, outs, seeds, strict=True):
                     for j, s in enumerate(samples):
-                        row = design_row(p, j, s, pid, iteration, {**gen, "seed": group_seed})
+                        row = design_row(p, j, s, pid, iteration, {**gen, "seed": group_seed}, think)
                         parse_errors += row.parse_error is not None
+                        think_overflows += bool((row.gen or {}).get("think_overflow"))
                         prompt_tokens += len(pid)
                         completion_tokens += len(s.token_ids)
                         w.write(row)
@@ -209,11 +248,13 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
             be.close()
     resumed = sum(len(rs) for rs in done.values())
     parse_errors += sum(r.get("parse_error") is not None for rs in done.values() for r in rs)
+    think_overflows += sum(bool((r.get("gen") or {}).get("think_overflow")) for rs in done.values() for r in rs)
     rows = resumed + sum(group for _ in todo)
     summary = {"status": "ok", "out": str(out), "rows": rows, "groups": len(plan), "group": group,
                "backend_calls": calls, "resumed_rows": resumed, "parse_errors": parse_errors,
                "parsed": rows - parse_errors, "prompt_tokens": prompt_tokens,
-               "completion_tokens": completion_tokens, "grounding": grounding,
+               "completion_tokens": completion_tokens, "think_overflows": think_overflows,
+               "grounding": grounding,
                "memory": str(memory) if memory else None,
                "doc_ids": [p["doc"]["id"] if p["doc"] else None for p in plan]}
     stage.commit(rows, summary)

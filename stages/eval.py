@@ -40,6 +40,7 @@ from spade_cli.evaluators import (
     PAPER_PRESET,
     EvalContext,
     TaskSpec,
+    check_thinking,
     finite,
     mean_stderr,
     parse_spec,
@@ -145,7 +146,9 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
         raise SpadeError(f"{spec.label}: no such file")
     out = ctx.side_dir("envs", spec).with_suffix(".rollouts.jsonl")
     play = PlayConfig(max_turns=ctx.max_turns, max_new_tokens=ctx.max_tokens or 512,
-                      temperature=ctx.temperature, seed=ctx.seed)
+                      temperature=ctx.temperature, top_p=ctx.top_p, top_k=ctx.top_k, seed=ctx.seed,
+                      think_tokens=ctx.think_tokens, answer_tokens=ctx.answer_tokens,
+                      think_overflow=ctx.think_overflow)
     rollout.run(ctx.model, [suite], out, k=ctx.k, seed=ctx.seed, backend=ctx.backend, base_url=ctx.base_url,
                 play=play, force=ctx.force, backend_obj=ctx.generator())
 
@@ -185,9 +188,14 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         seed: int = 0, chat_template: bool = False, evalscope_bin: str = "evalscope", k: int = 4,
         max_turns: int = 16, samples: int = 1, user_base_url: str | None = None, user_model: str | None = None,
         user_temperature: float = 0.0, user_max_tokens: int | None = None, max_steps: int = 100, data_dir: str | None = None,
-        force: bool = False,
+        top_p: float = 1.0, top_k: int = 0, think_tokens: int | None = None, answer_tokens: int | None = None,
+        think_overflow: str = "close", force: bool = False,
         config: dict | None = None, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Run every task spec not already in the partial output; returns the summary dict."""
+    try:
+        check_thinking(tasks, think_tokens, think_overflow)
+    except ValueError as exc:
+        raise SpadeError(str(exc)) from None
     out = Path(out)
     inputs: dict[str, list[str | Path]] = {}
     if Path(model).is_dir():
@@ -203,7 +211,9 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
         "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples,
         "user_base_url": user_base_url, "user_model": user_model, "user_temperature": user_temperature,
-        "user_max_tokens": user_max_tokens, "max_steps": max_steps, "data_dir": data_dir}
+        "user_max_tokens": user_max_tokens, "max_steps": max_steps, "data_dir": data_dir, "top_p": top_p,
+        "top_k": top_k, "think_tokens": think_tokens, "answer_tokens": answer_tokens,
+        "think_overflow": think_overflow}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)
     if stage.check():
         rows = read_records(out, expect="spade.eval")
@@ -214,7 +224,9 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
                       max_tokens=max_tokens, temperature=temperature, seed=seed, chat_template=chat_template,
                       evalscope_bin=evalscope_bin, k=k, max_turns=max_turns, samples=samples, user_base_url=user_base_url,
                       user_model=user_model, user_temperature=user_temperature, user_max_tokens=user_max_tokens,
-                      max_steps=max_steps, data_dir=data_dir, force=force, log=log)
+                      max_steps=max_steps, data_dir=data_dir, top_p=top_p, top_k=top_k,
+                      think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
+                      force=force, log=log)
     rows = list(done)
     try:
         with stage.writer() as writer:

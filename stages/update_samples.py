@@ -222,7 +222,8 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         else:
             bump("designer", "skipped_unscored")
             continue
-        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask=False)
+        # A design with two-phase reasoning masks the tokens spade appended (a forced </think>).
+        p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask="env_mask" in rec.tokens)
         temp = _resolve(cfg, "designer", path, line, sampling.of(path, rec.gen), lps is not None)
         group = ("designer", rec.group_id if rec.group_id is not None else f"{path}:{line}")
         samples.append(Sample("designer", group, reward, p, c, mask, lps, temperature=temp))

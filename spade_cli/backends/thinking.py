@@ -136,6 +136,27 @@ def _join(plan: dict, think: Thinking) -> GenSample:
     return GenSample(token_ids=ids, text=text, logprobs=lps, finish_reason=(s2 or s1).finish_reason, extra=extra)
 
 
+class ThinkingBackend:
+    """A backend whose every ``generate`` is two-phase: for callers that take a backend and make
+    their own calls (the eval harness adapters). Everything else is the wrapped backend's."""
+
+    def __init__(self, backend: Any, think: Thinking) -> None:
+        self.backend, self.think = backend, think
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[GenSample]]:
+        return generate_thinking(self.backend, prompts, n, sampling, self.think, seeds=seeds)
+
+
+def unanswered(sample: GenSample) -> bool:
+    """The reply ended inside its reasoning (``end`` overflow, or EOS in an open block): it has no
+    answer, so its text must not be read as one."""
+    return bool(sample.extra.get("think_overflow")) and not sample.extra.get("forced_tokens")
+
+
 # -- earlier reasoning in the context ----------------------------------------------------------
 
 CONTEXTS = ("keep", "drop", "auto")

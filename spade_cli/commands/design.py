@@ -25,6 +25,7 @@ from spade_cli.cli import (
 # Help panels keep each options table narrow enough for an 80-column terminal.
 PROMPT = "Prompt"
 SAMPLING = "Sampling"
+THINK = "Reasoning"
 
 
 def design(
@@ -66,10 +67,22 @@ def design(
     excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.", min=50,
                                                              rich_help_panel=PROMPT)]
     = 1500,
-    enable_thinking: Annotated[bool, typer.Option(
-        "--thinking/--no-thinking", help="Let the chat template open a thinking block.",
-        rich_help_panel=SAMPLING)]
-    = False,
+    top_k: Annotated[int, typer.Option("--top-k", help="Top-k sampling (0: off).", min=0,
+                                       rich_help_panel=SAMPLING)] = 0,
+    enable_thinking: Annotated[bool | None, typer.Option(
+        "--thinking/--no-thinking", help="Let the chat template open a thinking block (default: on "
+        "with --think-tokens, else off).", show_default=False, rich_help_panel=THINK)]
+    = None,
+    think_tokens: Annotated[int | None, typer.Option(
+        "--think-tokens", min=1, help="Reasoning budget of one design; set: reasoning and answer are "
+        "generated in two phases.", rich_help_panel=THINK)] = None,
+    answer_tokens: Annotated[int | None, typer.Option(
+        "--answer-tokens", min=1, help="Answer budget with --think-tokens (default: --max-tokens).",
+        rich_help_panel=THINK)] = None,
+    think_overflow: Annotated[str, typer.Option(
+        "--think-overflow", help="Reasoning out of budget: close (spade appends </think>, masked in "
+        "the update) or end (an invalid design, parse_error think_overflow).", rich_help_panel=THINK)]
+    = "close",
     pool: Annotated[str | None, typer.Option(
         "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', 'starter', a "
         "designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
@@ -89,6 +102,9 @@ def design(
     Writes --n spade.design/1 rows in --n/--group groups, all prompts in one batched backend call.
     A completion that does not parse is kept with parse_error set.
 
+    Thinking models: --think-tokens and --answer-tokens give reasoning and answer budgets of
+    their own (two phases on every backend); the row's gen records the budgets and counts.
+
     Example: [bold]spade design --model ckpt/tiny --n 24 --group 4 --memory runs/demo/memory.jsonl --out designs.jsonl[/]
 
     Pool baseline: [bold]spade design --pool bundled --n 12 --out designs.jsonl[/]
@@ -104,6 +120,12 @@ def design(
 
     if signal not in SIGNALS:
         raise typer.BadParameter(f"{signal!r} is not one of {', '.join(SIGNALS)}", param_hint="--signal")
+    from spade_cli.backends.thinking import OVERFLOW
+
+    if think_overflow not in OVERFLOW:
+        raise typer.BadParameter(f"choose one of {', '.join(OVERFLOW)}", param_hint="--think-overflow")
+    if enable_thinking is None:
+        enable_thinking = think_tokens is not None
     mem = None if no_memory else memory
     cfg = resolved_config(ctx)
     with console.status("designing environments" if pool is None else f"reading the pool {pool}"):
@@ -111,7 +133,9 @@ def design(
                             memory=mem, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
                             temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
-                            chunk=chunk, memory_k=memory_k, example=example, signal=signal, config=cfg, force=force)
+                            chunk=chunk, memory_k=memory_k, example=example, signal=signal, top_k=top_k,
+                            think_tokens=think_tokens, answer_tokens=answer_tokens,
+                            think_overflow=think_overflow, config=cfg, force=force)
     if summary.get("status") == "ok":
         parsed = summary.get("parsed", summary["rows"])
         console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")

@@ -21,6 +21,9 @@ from spade_cli.cli import (
 )
 
 
+GEN = "Generation"
+
+
 def _fmt(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "-"
@@ -73,9 +76,25 @@ def eval_(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per generate call "
                                             "(lm-eval batch size; concurrent requests for openai).")] = 8,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Generation cap per item "
-                                                   "(default: the task's own; 1024 for rg:).")] = None,
+                                                   "(default: the task's own; 8192 for rg:).",
+                                                   rich_help_panel=GEN)] = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature for rg:, "
-                                               "bfcl:, tau2:, lm: and evalscope: tasks (0 = greedy).")] = 0.0,
+                                               "bfcl:, tau2:, lm: and evalscope: tasks (0 = greedy).",
+                                               rich_help_panel=GEN)] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus mass for the tasks "
+                                         "spade generates (rg:, envs:, bfcl:, tau2:).", rich_help_panel=GEN)] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Top-k for those tasks (0: off).",
+                                       rich_help_panel=GEN)] = 0,
+    think_tokens: Annotated[int | None, typer.Option(
+        "--think-tokens", min=1, help="Reasoning budget of one reply for rg:, envs:, bfcl:, tau2: "
+        "(two phases); refused with lm: and evalscope:, whose harness generates in one phase.",
+        rich_help_panel=GEN)] = None,
+    answer_tokens: Annotated[int | None, typer.Option(
+        "--answer-tokens", min=1, help="Answer budget with --think-tokens (default: --max-tokens, "
+        "else the task's cap).", rich_help_panel=GEN)] = None,
+    think_overflow: Annotated[str, typer.Option(
+        "--think-overflow", help="Reasoning out of budget: close (spade appends </think>) or end "
+        "(no answer: scored wrong).", rich_help_panel=GEN)] = "close",
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Apply the "
                                                 "model's chat template in lm-eval tasks.")] = False,
     evalscope_bin: Annotated[str, typer.Option("--evalscope-bin", help="The evalscope executable (it "
@@ -129,6 +148,12 @@ def eval_(
         specs = stage.resolve_tasks(tasks, preset)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--tasks") from None
+    from spade_cli.evaluators import check_thinking
+
+    try:
+        check_thinking(specs, think_tokens, think_overflow)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--think-tokens") from None
     if any(s.kind == "evalscope" for s in specs) and not base_url:
         raise typer.BadParameter("evalscope: tasks need an OpenAI-compatible server", param_hint="--base-url")
     if any(s.kind == "tau2" for s in specs) and not (user_base_url and user_model):
@@ -143,7 +168,9 @@ def eval_(
                        k=k, max_turns=max_turns, samples=samples,
                        user_base_url=user_base_url, user_model=user_model, user_temperature=user_temperature,
                        user_max_tokens=user_max_tokens, max_steps=max_steps,
-                       data_dir=str(data_dir) if data_dir else None, force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+                       data_dir=str(data_dir) if data_dir else None, top_p=top_p, top_k=top_k,
+                       think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
+                       force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)
