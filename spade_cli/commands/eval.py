@@ -20,7 +20,6 @@ from spade_cli.cli import (
     resolved_config,
 )
 
-
 GEN = "Generation"
 
 
