@@ -198,10 +198,14 @@ def test_eval_bfcl_steps_are_the_answers_after_the_reasoning(tiny_model, tmp_pat
     entry = utils.load_dataset_entry("multi_turn_base")[1]
     truth = {t["id"]: t["ground_truth"] for t in utils.load_ground_truth_entry("multi_turn_base")}[entry["id"]]
     steps = _replay(truth)
+    # close: every step reasons past its budget, then answers the right calls after </think>;
+    # end: the prompt opens the block and the right calls come inside it, never closed: no answer
     for overflow, valid in (("close", True), ("end", False)):
-        script = [x for step in steps for x in (LONG, step)] if overflow == "close" else [LONG]
-        fake = _fake(tiny_model, script)
-        backend = ThinkingBackend(fake, Thinking(6, 4096, overflow).bind(fake.tokenizer))
+        if overflow == "close":
+            fake, budget = _fake(tiny_model, [x for step in steps for x in (LONG, step)]), 6
+        else:
+            fake, budget = _fake(tiny_model, steps, template=OPENING), 4096
+        backend = ThinkingBackend(fake, Thinking(budget, 4096, overflow).bind(fake.tokenizer))
         log = play_entry(backend, Sampling(max_tokens=4096), entry, truth, "multi_turn_base",
                          run_name=f"spade_think_{overflow}", seed=0)
         assert log["valid"] is valid, log["verdict"]
