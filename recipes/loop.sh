@@ -48,7 +48,14 @@ EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:50}"
 EVAL_LIMIT="${EVAL_LIMIT:-}"
 UPDATE_CMD="${UPDATE_CMD:-${SPADE:-spade}}"  # multi-GPU: "accelerate launch --config_file recipes/accelerate/zero2.yaml -m spade_cli"
 ROLLOUT_SHARDS="${ROLLOUT_SHARDS:-1}"  # >1: rollout shards come from a Slurm array (see recipes/slurm/)
-DESIGN_ARGS="${DESIGN_ARGS:-}"      # extra flags per stage, passed verbatim
+# The Designer samples in Qwen3's thinking mode with the model card's settings (temperature 0.6,
+# top-p 0.95, top-k 20; greedy decoding is advised against). Budgets, spade's choice: 4096 reasoning
+# tokens, then 4096 for the answer (the --max-tokens default: a complete env module and its hint);
+# a block that runs out is closed by spade and masked out of the Designer's update. Setting
+# DESIGN_ARGS, even to "", replaces all of these (the quickstart and the tests do); a POOL ignores them.
+QWEN3_DESIGN="--thinking --temperature 0.6 --top-p 0.95 --top-k 20 --think-tokens 4096"
+QWEN3_DESIGN+=" --answer-tokens 4096 --think-overflow close"
+DESIGN_ARGS="${DESIGN_ARGS-$QWEN3_DESIGN}"  # extra flags per stage, passed verbatim
 VALIDATE_ARGS="${VALIDATE_ARGS:-}"
 # The Agent samples as Qwen3 (4B/8B/30B-A3B) runs in thinking mode: its model cards recommend
 # temperature 0.6, top-p 0.95, top-k 20 (min-p 0) and warn against greedy decoding. The budgets are
@@ -61,7 +68,16 @@ QWEN3_ROLLOUT+=" --think-overflow close --think-context auto"
 ROLLOUT_ARGS="${ROLLOUT_ARGS-$QWEN3_ROLLOUT}"
 REGRET_ARGS="${REGRET_ARGS:-}"
 UPDATE_ARGS="${UPDATE_ARGS:-}"
-EVAL_ARGS="${EVAL_ARGS:-}"
+# Eval samples as the Qwen3 model card evaluates thinking mode: temperature 0.6, top-p 0.95, top-k
+# 20, and 32768 output tokens ("adequate output length"), split here into 30720 reasoning and 2048
+# answer tokens, a block that runs out closed by spade. lm: and evalscope: tasks generate in their
+# own harness in one phase and refuse the budgets, so a task list with them gets the sampling only.
+QWEN3_EVAL="--temperature 0.6 --top-p 0.95 --top-k 20"
+case ",${EVAL_TASKS// /}" in
+  *,lm:* | *,evalscope:*) ;;
+  *) QWEN3_EVAL+=" --think-tokens 30720 --answer-tokens 2048 --think-overflow close" ;;
+esac
+EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
 
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \

@@ -31,8 +31,16 @@ export ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-openai}"  # openai: the fleet of serv
 CORPUS="${CORPUS:-}"; GROUNDING="${GROUNDING:-1}"; MEMORY="${MEMORY:-1}"; SIGNAL="${SIGNAL:-regret}"
 REPLAY="${REPLAY:-0}"; POOL="${POOL:-}"; FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"
 EVAL_EVERY="${EVAL_EVERY:-25}"; EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:50}"; EVAL_LIMIT="${EVAL_LIMIT:-}"
-DESIGN_ARGS="${DESIGN_ARGS:-}"; VALIDATE_ARGS="${VALIDATE_ARGS:-}"; REGRET_ARGS="${REGRET_ARGS:-}"
-EVAL_ARGS="${EVAL_ARGS:-}"; UPDATE_ARGS_BASE="${UPDATE_ARGS-"--bf16 --gradient-checkpointing"}"
+# the Designer's and eval's Qwen3 thinking-mode sampling and budgets, as in loop.sh (which says why)
+QWEN3_DESIGN="--thinking --temperature 0.6 --top-p 0.95 --top-k 20 --think-tokens 4096"
+QWEN3_DESIGN+=" --answer-tokens 4096 --think-overflow close"
+QWEN3_EVAL="--temperature 0.6 --top-p 0.95 --top-k 20"
+case ",${EVAL_TASKS// /}" in
+  *,lm:* | *,evalscope:*) ;;
+  *) QWEN3_EVAL+=" --think-tokens 30720 --answer-tokens 2048 --think-overflow close" ;;
+esac
+DESIGN_ARGS="${DESIGN_ARGS-$QWEN3_DESIGN}"; VALIDATE_ARGS="${VALIDATE_ARGS:-}"; REGRET_ARGS="${REGRET_ARGS:-}"
+EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"; UPDATE_ARGS_BASE="${UPDATE_ARGS-"--bf16 --gradient-checkpointing"}"
 SBATCH_ARGS="${SBATCH_ARGS:-}"           # added to every sbatch, last (they win): account, partition, CPU runs
 POLL_S="${POLL_S:-30}"
 # read by rollout_array.sbatch and update.sbatch through --export=ALL
