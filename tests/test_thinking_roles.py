@@ -246,3 +246,32 @@ def test_eval_refuses_budgets_for_harness_tasks(tiny_model, tmp_path):
         stage.run(str(tiny_model), parse_specs("evalscope:acebench"), tmp_path / "e.jsonl", think_tokens=8)
     with pytest.raises(SpadeError, match="think-overflow"):
         stage.run(str(tiny_model), parse_specs("rg:a"), tmp_path / "e.jsonl", think_overflow="later")
+
+
+@pytest.mark.integration
+def test_eval_tau2_agent_acts_on_the_answer_after_the_reasoning(tiny_model):
+    pytest.importorskip("tau2")
+    from spade_cli.backends import Sampling
+    from spade_cli.backends.thinking import Thinking, ThinkingBackend
+    from spade_cli.eval_tau2 import _import_tau2, play_task
+    from tests.test_eval_suites import _gold, _scripted_user
+
+    task = {t.id: t for t in _import_tau2().load_tasks("airline", "base")}["2"]
+    gold = _gold(task)
+    # close: each reply reasons past its budget, then the gold action follows </think>; end: the
+    # prompt opens the block and the gold actions come inside it, never closed: nothing is done
+    for overflow, reward in (("close", 1.0), ("end", 0.0)):
+        if overflow == "close":
+            fake, budget = _fake(tiny_model, [x for step in gold for x in (LONG, step)]), 6
+        else:
+            fake, budget = _fake(tiny_model, gold, template=OPENING), 4096
+        backend = ThinkingBackend(fake, Thinking(budget, 4096, overflow).bind(fake.tokenizer))
+        server, _ = _scripted_user(["Hi, I need help with my reservation.", "Thanks, that's all. ###STOP###"])
+        try:
+            log = play_task(backend, Sampling(max_tokens=4096), "airline", task, user_model="scripted",
+                            user_base_url=f"http://127.0.0.1:{server.server_port}/v1", max_steps=60, seed=0)
+        finally:
+            server.shutdown()
+        assert log["reward"] == reward and log["error"] is None, log
+        calls = [c for m in log["messages"] for c in (m.get("tool_calls") or [])]
+        assert bool(calls) is (overflow == "close")
