@@ -91,6 +91,25 @@ def test_design_overflow_close_answers_after_a_forced_close_that_the_update_mask
         assert s.sampler_logps == [-1.0 if m else 0.0 for m in s.mask]
 
 
+@pytest.mark.integration
+def test_design_update_trains_the_sampled_tokens_of_two_phase_designs(tiny_model, tmp_path):
+    """`spade update` on forced-close designs: the Designer's trained tokens are the sampled ones."""
+    from stages import update
+    from stages.update import UpdateConfig
+
+    _, rows = _design(tmp_path, _fake(tiny_model, [LONG, LONG, ANSWER, ANSWER]), enable_thinking=True,
+                      think_tokens=6, answer_tokens=200)
+    _designer_samples(tmp_path, rows)  # writes the scores
+    out = tmp_path / "ckpt"
+    summary = update.run(UpdateConfig(model=str(tiny_model), designs=[str(tmp_path / "designs.jsonl")],
+                                      scores=[str(tmp_path / "s.jsonl")], out=str(out), learning_rate=1e-3,
+                                      per_device_train_batch_size=2, max_grad_norm=0.0))
+    assert summary["status"] == "ok" and summary["designer_samples"] == 2
+    tokens = json.loads((out / "update.json").read_text())["roles"]["designer"]["tokens"]
+    assert tokens["trained"] == sum(sum(r.tokens["env_mask"]) for r in rows)
+    assert tokens["trained"] < sum(len(r.tokens["completion_ids"]) for r in rows)
+
+
 @pytest.mark.unit
 def test_design_overflow_end_is_an_invalid_design_with_its_reason(tiny_model, tmp_path):
     """The block opened by the prompt: one reply runs out of its budget, the other drafts a whole
