@@ -13,6 +13,12 @@ batched call (``chunk`` splits it, trading throughput for finer resume points), 
 samples each. Every completion becomes a row, parsed or not: a parse failure sets ``parse_error``
 and leaves ``code``/``hint`` null, because the Designer must still be charged for it.
 
+A thinking Designer can get budgets of its own for reasoning and for the answer (``think_tokens``,
+``answer_tokens``, ``think_overflow``; ``spade_cli.backends.thinking``), generated in two phases
+like the Agent's turns. A reply that never leaves its reasoning is a failed design with
+``parse_error`` ``think_overflow: …``; a ``</think>`` that spade appended is 0 in ``tokens.env_mask``,
+so the Designer's update trains only on sampled tokens.
+
 With ``pool`` set no model is involved: rows come from a folder, a JSONL file of designs or
 reasoning-gym tasks (``spade_cli.pool``). That is the paper's fixed-pool baseline.
 
