@@ -18,6 +18,7 @@ from spade_cli.backends.fake import FakeBackend
 from spade_cli.records import parse
 from stages import design
 from tests.conftest import run_spade
+from tests.test_backend_openai import serve  # noqa: F401  (the transformers serve fixture)
 
 # A template that opens the reasoning block in the generation prompt (as Qwen3's thinking-only
 # releases do): the reply starts inside the block and has no <think> of its own.
@@ -143,6 +144,34 @@ def test_design_one_budget_with_thinking_names_an_unclosed_block(tiny_model, tmp
     _, rows = _design(tmp_path, _fake(tiny_model, ["<think>\nhm\n</think>\n\n" + ANSWER]), enable_thinking=True,
                       max_tokens=400, force=True)
     assert all(r.code is not None and r.gen["think_overflow"] is False for r in rows)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["hf", "openai"])
+def test_design_two_phases_on_real_backends(name, tiny_model, tmp_path, request):
+    """The tiny model through hf and through `transformers serve`: the prompt opens the block, the
+    random reasoning runs out, spade closes it and the answer phase continues the same ids."""
+    from spade_cli.backends import load_backend
+
+    kwargs = {"base_url": request.getfixturevalue("serve") + "/v1"} if name == "openai" else {}
+    backend = load_backend(name, str(tiny_model), **kwargs)
+    backend.tokenizer.chat_template = OPENING
+    try:
+        summary, rows = _design(tmp_path, backend, enable_thinking=True, think_tokens=4, answer_tokens=4)
+    finally:
+        backend.close()
+    forced = backend.tokenizer.encode(FORCED, add_special_tokens=False)
+    assert summary["think_overflows"] == 2
+    for r in rows:
+        n = r.gen["think_tokens"]
+        assert r.gen["think_overflow"] is True and r.gen["forced_tokens"] == len(forced) and n >= 1
+        ids, mask = r.tokens["completion_ids"], r.tokens["env_mask"]
+        assert ids[n:n + len(forced)] == forced and mask == [1] * n + [0] * len(forced) + [1] * (len(ids) - n - len(forced))
+        # text mode (transformers serve) re-tokenizes the returned text: a cut multi-byte character
+        # comes back as U+FFFD, more tokens than were sampled (spade_cli/backends/openai.py)
+        assert r.gen["answer_tokens"] >= 1 and (name == "openai" or r.gen["answer_tokens"] <= 4)
+        lps = r.tokens["logprobs"]
+        assert lps is None or [lp is None for lp in lps] == [m == 0 for m in mask]
 
 
 @pytest.mark.integration
