@@ -45,6 +45,10 @@ class RunLayout:
     def rollout_shard(self, i: int, shard: int, of: int) -> Path:
         return self.iter_dir(i) / f"rollouts.shard-{shard:02d}-of-{of:02d}.jsonl"
 
+    def rollout_shards_glob(self, i: int, of: int) -> str:
+        """Every shard of an ``of``-task array, for counting the finished ones."""
+        return str(self.iter_dir(i) / f"rollouts.shard-*-of-{of:02d}.jsonl")
+
     def rollouts_glob(self, i: int) -> str:
         return str(self.iter_dir(i) / "rollouts*.jsonl")
 
@@ -72,8 +76,9 @@ class RunLayout:
     def iterations(self) -> list[int]:
         return sorted(int(p.name[5:]) for p in self.root.glob("iter_[0-9][0-9][0-9][0-9]") if p.is_dir())
 
-    def as_dict(self, i: int) -> dict[str, str]:
-        return {
+    def as_dict(self, i: int, shard: tuple[int, int] | None = None) -> dict[str, str]:
+        """Every path of iteration ``i``; with ``shard=(s, n)`` also task s's shard of an n-task array."""
+        table = {
             "iter_dir": str(self.iter_dir(i)), "designs": str(self.designs(i)),
             "validated": str(self.validated(i)), "rollouts": str(self.rollouts(i)),
             "rollouts_glob": self.rollouts_glob(i), "scores": str(self.scores(i)),
@@ -84,3 +89,7 @@ class RunLayout:
             "next_eval": str(self.eval(i + 1)),
             "report_dir": str(self.report_dir),
         }
+        if shard is not None:
+            table["rollout_shard"] = str(self.rollout_shard(i, *shard))
+            table["rollout_shards_glob"] = self.rollout_shards_glob(i, shard[1])
+        return table

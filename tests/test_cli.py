@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -167,6 +169,22 @@ def test_paths_come_from_the_layout(tmp_path):
     shell = dict(line.split("=", 1) for line in res.output.splitlines())
     assert shell["designs"] == "'" + str(tmp_path / "run with space" / "iter_0007" / "designs.jsonl") + "'"
     assert re.search("choose one of", CliRunner().invoke(app, ["paths", "r", "--key", "x"]).output)
+
+
+@pytest.mark.unit
+def test_paths_name_an_array_tasks_shard_and_the_glob_of_all_its_shards(tmp_path):
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, ["paths", str(run), "-i", "3", "--shard", "2/16", "--key", "rollout_shard"])
+    assert res.exit_code == 0 and res.output.strip() == str(run / "iter_0003" / "rollouts.shard-02-of-16.jsonl")
+    table = json.loads(CliRunner().invoke(app, ["paths", str(run), "-i", "3", "--shard", "0/16"]).output)
+    shards = [Path(table["rollouts_glob"]).parent / f"rollouts.shard-{s:02d}-of-16.jsonl" for s in range(16)]
+    assert all(fnmatch.fnmatch(str(p), table["rollout_shards_glob"]) for p in shards)
+    assert not fnmatch.fnmatch(str(run / "iter_0003" / "rollouts.shard-00-of-08.jsonl"), table["rollout_shards_glob"])
+    assert fnmatch.fnmatch(str(shards[5]), table["rollouts_glob"])  # what regret and update read
+    assert "rollout_shard" not in json.loads(CliRunner().invoke(app, ["paths", str(run)]).output)
+    for bad in ("16/16", "x"):
+        res = CliRunner().invoke(app, ["paths", str(run), "--shard", bad])
+        assert res.exit_code == 2 and "--shard" in res.output, bad
 
 
 @pytest.mark.unit
