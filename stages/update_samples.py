@@ -49,6 +49,11 @@ def _tokens(path: Path, line: int, tokens: dict, need_env_mask: bool) -> tuple[l
     if lps is not None:
         if not isinstance(lps, list) or len(lps) != len(c):
             raise InputError(path, line, "tokens.logprobs must be as long as completion_ids")
+    # A text-mode server (`transformers serve`) returns no log-probs, so an episode records None at
+    # every agent token: no sampler log-probs at all, as for a null field (the samples train on-policy).
+    if lps is not None and all(lp is None for m, lp in zip(mask, lps, strict=True) if m):
+        lps = None
+    if lps is not None:
         for m, lp in zip(mask, lps, strict=True):
             if m and not (isinstance(lp, int | float) and math.isfinite(lp)):
                 raise InputError(path, line, "tokens.logprobs must be finite numbers at agent tokens")

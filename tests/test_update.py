@@ -307,3 +307,18 @@ def test_no_learning_signal_passes_the_model_through(artifacts: dict, tiny_model
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out)
+
+
+@pytest.mark.unit
+def test_an_episode_from_a_text_mode_server_has_no_sampler_logprobs(tmp_path: Path) -> None:
+    from spade_cli.artifacts import InputError
+    from stages.update_samples import _tokens
+
+    # `transformers serve` gives no log-probs: None at every token, agent and env alike
+    row = {"prompt_ids": [1, 2], "completion_ids": [3, 4, 5], "env_mask": [1, 0, 1], "logprobs": [None] * 3}
+    assert _tokens(tmp_path, 1, row, need_env_mask=True)[3] is None
+    row["logprobs"] = [-0.5, None, -0.25]  # a sampler that gave them: kept, 0 at env tokens
+    assert _tokens(tmp_path, 1, row, need_env_mask=True)[3] == [-0.5, 0.0, -0.25]
+    row["logprobs"] = [-0.5, None, None]  # some but not all agent tokens: a broken row, still refused
+    with pytest.raises(InputError, match="finite numbers"):
+        _tokens(tmp_path, 1, row, need_env_mask=True)
