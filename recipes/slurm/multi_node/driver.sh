@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Multi-node driver: per iteration, submits the stages as Slurm jobs chained by dependencies,
-#   design → validate → rollout array (against a `vllm serve` fleet) → regret → update → eval,
+#   design → validate → rollout array (against a serving fleet) → regret → update → eval,
 # waits for the chain, and goes on with the next iteration (whose design needs the new checkpoint).
 # Run it where jobs can be submitted (a login node, in tmux); it holds no resources itself.
 #
 #   MODEL=Qwen/Qwen3-8B RUN=runs/big ITERS=400 SHARDS=16 SERVE_NODES=4 UPDATE_NODES=2 \
 #   SITE_ENV=recipes/slurm/site.env bash recipes/slurm/multi_node/driver.sh
-#   # CPU only (what the Slurm test tier runs): no fleet, the shards load the model themselves
-#   MODEL=ckpt/tiny RUN=runs/cpu POOL=starter ITERS=1 SHARDS=2 SERVE=0 BACKEND=hf ROLLOUT_BACKEND=hf \
+#   # CPU (what the Slurm test tier runs): a `transformers serve` fleet on 127.0.0.1, hf elsewhere
+#   MODEL=ckpt/tiny RUN=runs/cpu POOL=starter ITERS=2 SHARDS=2 SERVE_NODES=1 UPDATE_NODES=1 BACKEND=hf \
+#     SERVER=transformers SERVE_HOST=127.0.0.1 SERVE_ARGS="--device cpu --dtype float32" \
 #     UPDATE_CMD=spade UPDATE_ARGS= SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=1" bash recipes/slurm/multi_node/driver.sh
+#   # no fleet (SERVE=0): the shards load the model themselves (ROLLOUT_BACKEND=hf or vllm)
 #
 # The artifacts and the stage flags are those of recipes/loop.sh (the same layout, from
 # `spade paths --shell`; the memory by iteration; the same knobs), so a run may move between the two.
@@ -28,6 +30,8 @@ N_ENVS="${N_ENVS:-24}"; GROUP="${GROUP:-4}"
 SHARDS="${SHARDS:-16}"; SERVE="${SERVE:-1}"; SERVE_NODES="${SERVE_NODES:-4}"; UPDATE_NODES="${UPDATE_NODES:-2}"
 BACKEND="${BACKEND:-vllm}"               # design and eval, on one GPU each
 export ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-openai}"  # openai: the fleet of serve.sbatch (SERVE=1)
+# the fleet's server, read by serve.sbatch: vllm (GPUs) or transformers; SERVE_HOST, SERVE_ARGS, TP
+export SERVER="${SERVER:-vllm}"
 CORPUS="${CORPUS:-}"; GROUNDING="${GROUNDING:-1}"; MEMORY="${MEMORY:-1}"; SIGNAL="${SIGNAL:-regret}"
 REPLAY="${REPLAY:-0}"; POOL="${POOL:-}"; FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"
 EVAL_EVERY="${EVAL_EVERY:-25}"; EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:50}"; EVAL_LIMIT="${EVAL_LIMIT:-}"
@@ -71,7 +75,9 @@ eval_flags=(--tasks "$EVAL_TASKS" --backend "$BACKEND")
 gpu=(--gpus-per-node=1) cpu=(--gpus-per-node=0 --cpus-per-task=4)
 
 for ((i = 0; i < ITERS; i++)); do
-  eval "$(spade paths "$RUN" --iteration "$i" --shell)"
+  # an assignment, not eval "$(...)": set -e stops on a failure of `spade paths`
+  layout="$(spade paths "$RUN" --iteration "$i" --shard "0/$SHARDS" --shell)"
+  eval "$layout"
   ((i == 0)) && ckpt="$MODEL"
   designer="$ckpt"; [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
   eval_due=0
@@ -113,14 +119,13 @@ for ((i = 0; i < ITERS; i++)); do
   envs=(--envs "$validated")
   ((i > 0)) && [[ -f "$prev_replay" ]] && envs+=(--envs "$prev_replay")
   # (the iteration's directory appears only when its design job runs)
-  shards_done=$({ find "$iter_dir" -maxdepth 1 \
-                  -name "rollouts.shard-*-of-$(printf %02d "$SHARDS").jsonl.manifest.json" 2>/dev/null || true; } | wc -l)
+  shards_done=$({ compgen -G "$rollout_shards_glob.manifest.json" || true; } | wc -l)
   if ((shards_done < SHARDS)) && ! done_ "$scores"; then
-    export ITER="$i" CKPT="$ckpt" SERVERS=""
+    export ITER="$i" CKPT="$ckpt" SERVERS="" SERVE_JOB=""
     serve_dep=()
     if [[ "$SERVE" == 1 ]]; then   # the fleet starts while design and validate run
       serve_job="$(submit --nodes="$SERVE_NODES" "$HERE/serve.sbatch")"
-      SERVERS="$RUN/servers-$serve_job.txt"
+      SERVERS="$RUN/servers-$serve_job.txt" SERVE_JOB="$serve_job"
       serve_dep=("--dependency=${after:+afterok:$after,}after:$serve_job")
     fi
     if ((${#serve_dep[@]} == 0)); then serve_dep=($(dep)); fi
@@ -150,6 +155,7 @@ for ((i = 0; i < ITERS; i++)); do
   if [[ -n "$serve_job" ]]; then   # the fleet is needed only while the array runs
     wait_gone "$arr"
     scancel "$serve_job" 2>/dev/null || true
+    wait_gone "$serve_job"          # its servers are gone before the next fleet starts
     serve_job=""
   fi
   for j in "${waits[@]}"; do wait_gone "$j"; done
