@@ -29,7 +29,8 @@ trap '[[ -z "$server" ]] || kill -TERM "$server" 2>/dev/null || true' TERM INT
 "${cmd[@]}" &
 server=$!
 
-probe="$(python3 -c 'import json, sys; print(json.dumps({"model": sys.argv[1], "prompt": "hi", "max_tokens": 1}))' "$CKPT")"
+probe="$(python3 -c 'import json, sys; print(json.dumps({"model": sys.argv[1], "prompt": "hi", "max_tokens": 1}))' \
+         "$CKPT")"
 body="$(mktemp)"
 for ((t = 0; ; t += 2)); do
   if ! kill -0 "$server" 2>/dev/null; then
