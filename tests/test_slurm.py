@@ -239,12 +239,13 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _running_rollout_task(cluster, cwd: Path, shard: int) -> str | None:
-    """The id (JOB_TASK) of the running array task of the driver in ``cwd`` that plays ``shard``."""
-    for line in cluster.run("squeue", "-h", "-o", "%i|%j|%T|%Z|%K", check=False).splitlines():
-        job, name, state, workdir, task = line.split("|")
-        if name == "spade-rollout" and state == "RUNNING" and Path(workdir) == cwd and task == str(shard):
-            return job
+def _array_head_task(cluster, cwd: Path) -> tuple[str, int] | None:
+    """(JOB_TASK id, shard) of the running rollout task of the driver in ``cwd`` whose own job id is the
+    array's: its SLURM_JOB_ID names the whole array, the case a task must not requeue by."""
+    for line in cluster.run("squeue", "-h", "-o", "%j|%T|%Z|%A|%F|%K", check=False).splitlines():
+        name, state, workdir, job, array, task = line.split("|")
+        if name == "spade-rollout" and state == "RUNNING" and Path(workdir) == cwd and job == array:
+            return f"{array}_{task}", int(task)
     return None
 
 
@@ -256,20 +257,23 @@ def test_a_requeued_rollout_task_of_the_driver_resumes_to_the_same_artifacts(clu
     moved_dir = tmp_path / "moved"
     moved = _start_driver(cluster, moved_dir, tiny_model, **env)
     # `scontrol requeue` of an array task of iteration 0 once its shard's partial has an episode
-    deadline, task = time.time() + 600, None
-    while task is None:
+    deadline, head = time.time() + 600, None
+    while True:
         assert moved.poll() is None and time.time() < deadline, _driver_log(moved_dir)
-        partial = [p for p in sorted(moved_dir.glob("run/iter_0000/rollouts.shard-*-of-02.jsonl.partial-*"))
-                   if _size(p) > 0]
-        if partial:
-            task = _running_rollout_task(cluster, moved_dir, int(partial[0].name.split("-")[1]))
+        head = head or _array_head_task(cluster, moved_dir)
+        if head and any(_size(p) > 0 for p in moved_dir.glob(
+                f"run/iter_0000/rollouts.shard-0{head[1]}-of-02.jsonl.partial-*")):
+            break
         time.sleep(0.05)
+    task, shard = head
     cluster.run("scontrol", "requeue", task)
-    shard = int(task.split("_")[1])
     for proc, cwd in ((clean, tmp_path / "clean"), (moved, moved_dir)):
         rc, _ = _finish(cluster, proc, cwd)
         assert rc == 0, _driver_log(cwd)
     assert int(cluster.job(task)["Restarts"]) >= 1, cluster.job(task)
+    # it requeued itself by its JOB_TASK id: by its SLURM_JOB_ID, the array's, its sibling would restart too
+    sibling = f"{task.split('_')[0]}_{1 - shard}"
+    assert cluster.job(sibling)["Restarts"] == "0", cluster.job(sibling)
     summary = json.loads((moved_dir / "run" / "iter_0000" / f"rollouts.shard-0{shard}-of-02.jsonl.manifest.json")
                          .read_text())
     assert summary["summary"]["resumed"] > 0, summary  # the requeued task kept what was done and played the rest

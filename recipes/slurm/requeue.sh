@@ -15,8 +15,12 @@ run_requeueable() {
   while kill -0 "$child" 2>/dev/null; do rc=0; wait "$child" || rc=$?; done
   trap - TERM
   if ((rc == 75 || (stopped && rc != 0))) && [[ -n "${SLURM_JOB_ID:-}" ]]; then
-    echo "== $(date -Is) stopped on SIGTERM (exit $rc): requeueing job $SLURM_JOB_ID" >&2
-    scontrol requeue "$SLURM_JOB_ID"
+    # An array task by its own JOB_TASK id: one task's SLURM_JOB_ID is the array's id, and
+    # requeueing that requeues every task of the array, finished and running ones alike.
+    local self="$SLURM_JOB_ID"
+    [[ -n "${SLURM_ARRAY_JOB_ID:-}" ]] && self="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    echo "== $(date -Is) stopped on SIGTERM (exit $rc): requeueing job $self" >&2
+    scontrol requeue "$self"
     return 75
   fi
   return "$rc"
