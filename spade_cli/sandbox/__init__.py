@@ -11,10 +11,10 @@ Public API (used by ``spade validate`` and ``spade rollout``)::
         env.close_episode("ep-0")
 
 Modules: ``supervisor`` (pool, zygotes, config), ``envworker`` (one source's episode processes,
-deadlines, untrusted replies), ``worker`` (zygote and env process), ``confine`` (rlimits, uid,
-scratch tmpfs, seccomp, Landlock), ``protocol`` (typed msgpack frames), ``checks`` (every value
-check, shared by the env process, the supervisor, validate and rollout), ``probe`` (what works
-here; tier choice). See docs/sandbox.md.
+deadlines, untrusted replies), ``worker`` (the zygote), ``envproc`` (the env process),
+``confine`` (rlimits, uid, scratch tmpfs, seccomp, Landlock), ``protocol`` (typed msgpack frames),
+``checks`` (every value check, shared by the env process, the supervisor, validate and rollout),
+``probe`` (what works here; tier choice). See docs/sandbox.md.
 """
 
 from spade_cli.sandbox.envworker import EnvWorker

@@ -1,7 +1,7 @@
 """The supervisor: the tier, the zygotes and the pool that hands out env workers.
 
 ``SandboxPool`` owns the tier choice and one zygote per ``PYTHONHASHSEED`` (started lazily; a
-zygote is a pre-imported fork server, see ``worker.py``). ``pool.open(code)`` returns an
+zygote is a pre-imported fork server, see ``worker.py`` and ``envproc.py``). ``pool.open(code)`` returns an
 ``EnvWorker`` (``envworker.py``) for one generated source; each of its episodes runs in a fresh
 confined process forked by the zygote::
 
