@@ -168,6 +168,9 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
         ch.add("import", True, f"class {worker.class_name}", t0)
 
+        # check_env uses up the import process: it builds, resets and steps an instance, so a
+        # contract episode played after it in the same process could see that (module state, a
+        # reset count) and know it is being validated. Each episode below thus starts clean.
         t0 = time.perf_counter()
         try:
             res = worker.check_env()
@@ -189,6 +192,8 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         # env it is being validated; every episode runs in a fresh process, as in rollout.
         seeds = {name: episode_seed(seed, VALIDATION_ITERATION, design.env_id, i) for i, name in enumerate(policies)}
         episodes: dict[str, dict] = {}
+        # In sequence: --workers designs at once already fill the cores, and an episode costs CPU
+        # (fork, copy-on-write faults, exit), not waiting, so parallel episodes would only queue.
         try:
             for name, policy in policies.items():
                 episodes[name] = play(worker, name, seeds[name], policy, max_steps)
