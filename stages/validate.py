@@ -47,7 +47,6 @@ import json
 import os
 import random
 import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -60,11 +59,8 @@ from spade_cli.episodes import episode_seed
 from spade_cli.records import Design, Memory, env_id_for, to_row, validation_from
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
+from spade_cli.sandbox.envproc import PARSE_LOCK
 from spade_cli.sandbox.supervisor import heavy_imports
-
-# CPython 3.11 keeps the AST builder's recursion counter per interpreter, not per thread: parses
-# from concurrent validation threads corrupt it and raise a spurious SystemError (gh-106905).
-_PARSE_LOCK = threading.Lock()
 
 SCRIPTED = ["", "1", "yes", "look", "0", "a", "hello world", "2", "no",
             '{"tool": "search", "arguments": {"query": "x"}}', "north", "42", "help", "b", "3", "quit"]
@@ -98,7 +94,7 @@ def static_checks(code: object, max_chars: int, ch: Checks) -> bool:
     ch.add("size", True, f"<= {max_chars}", t0)
     t0 = time.perf_counter()
     try:
-        with _PARSE_LOCK:
+        with PARSE_LOCK:  # gh-106905: the sandbox compiles under the same lock
             tree = ast.parse(code)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
         return ch.add("syntax", False, f"{type(exc).__name__}: {exc}", t0, "syntax_error")

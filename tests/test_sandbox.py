@@ -127,6 +127,30 @@ def test_episodes_are_independent_instances(pool: SandboxPool) -> None:
     assert not w.alive
 
 
+ANNOTATED = COUNTER.replace("import gymnasium as gym", "import dataclasses\nimport gymnasium as gym\n"
+                            "@dataclasses.dataclass\nclass Move:\n    text: NotDefinedHere = None"
+                            ).replace("self.n += 1", "self.n += 1 + (Move(action).text is None)")
+
+
+@pytest.mark.integration
+def test_supervisor_compiled_source_behaves_as_one_compiled_in_the_env(pool: SandboxPool, monkeypatch) -> None:
+    from spade_cli.sandbox import envworker
+
+    def play(expect_compiled: bool) -> list:
+        w = pool.open(ANNOTATED, "annotated")
+        assert (w.compiled is not None) is expect_compiled
+        out = [w.reset("e", seed=3), w.step("e", "go"), w.step("e", "go")]
+        w.close()
+        return out
+
+    ahead = play(True)  # postponed annotations in both: NotDefinedHere is never looked up
+    monkeypatch.setattr(envworker, "_precompiled", lambda code, cap: None)
+    assert play(False) == ahead
+    with pytest.raises(EnvError) as e:  # a source that does not compile: the env process says so
+        pool.open(COUNTER + "\ndef broken(:\n", "broken")
+    assert e.value.reason == "syntax_error"
+
+
 @pytest.mark.integration
 def test_workers_in_parallel_threads(pool: SandboxPool) -> None:
     workers = [pool.open(COUNTER, f"c{i}") for i in range(4)]

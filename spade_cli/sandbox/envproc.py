@@ -10,20 +10,47 @@ could forge any frame.
 """
 
 from __future__ import annotations
+import __future__
 
 import errno
+import marshal
 import os
 import select
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import types
 
 from spade_cli.sandbox import confine, protocol
 from spade_cli.sandbox.checks import Rejected, check_flag, check_info, check_obs, check_reward, describe
 
 ENV_MODULE = "spade_env"
+# How a source is compiled, wherever that happens: the flags this module's own ``compile`` call
+# inherited before sources were compiled ahead (postponed annotations), and no ``-O``.
+_FLAGS = __future__.annotations.compiler_flag
+# CPython 3.11 keeps the parser's recursion counter per interpreter, not per thread: parses and
+# compiles from concurrent threads corrupt it and raise a spurious SystemError (gh-106905).
+PARSE_LOCK = threading.Lock()
+
+
+def compile_source(code: str) -> types.CodeType:
+    return compile(code, "env.py", "exec", flags=_FLAGS, dont_inherit=True, optimize=0)
+
+
+def precompiled(code: str, cap: int) -> bytes | None:
+    """The source compiled by the supervisor, marshalled for ``Load``, so each of its env
+    processes (one per episode) unmarshals it in microseconds instead of compiling it again.
+    None for a source that does not compile, or compiles past ``cap`` bytes: the env process
+    then compiles it itself and reports the error exactly as before. Compiling runs none of the
+    source's code; what the supervisor sends its own env processes is trusted."""
+    try:
+        with PARSE_LOCK:
+            blob = marshal.dumps(compile_source(code))
+    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+        return None
+    return blob if len(blob) <= cap else None
 
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the scratch quota, the inode cap, FSIZE
 
@@ -42,14 +69,14 @@ class EnvServer:
         self.cls: type | None = None
         self.env: object | None = None
 
-    def load(self, code: str) -> protocol.Loaded:
+    def load(self, code: str, compiled: bytes | None) -> protocol.Loaded:
         import gymnasium
 
         module = types.ModuleType(ENV_MODULE)
         module.__file__ = "env.py"
         sys.modules[ENV_MODULE] = module  # dataclasses and typing look the module up by name
         try:
-            exec(compile(code, "env.py", "exec"), module.__dict__)
+            exec(marshal.loads(compiled) if compiled else compile_source(code), module.__dict__)
         except SyntaxError as exc:
             raise Rejected("syntax_error", describe(exc)) from None
         except MemoryError:
@@ -130,7 +157,7 @@ class EnvServer:
                 elif type(req) is protocol.Reset:
                     reply = self.reset(req.seed, req.options)
                 elif type(req) is protocol.Load:
-                    reply = self.load(req.code)
+                    reply = self.load(req.code, req.compiled)
                 else:
                     reply = self.check_env()
             except Rejected as rej:

@@ -19,6 +19,7 @@ CAP_SYS_ADMIN), the supervisor sums the env's working dir after every reply: ``d
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from spade_cli.sandbox import protocol
 from spade_cli.sandbox.checks import Rejected, check_info, check_obs, check_reward
+from spade_cli.sandbox.envproc import precompiled
 from spade_cli.sandbox.supervisor import EnvError, SandboxConfig, SandboxUnavailable, Zygote
 
 ENV_REASONS = frozenset(
@@ -49,6 +51,10 @@ class _Proc:
     sent: int = 0  # requests sent so far: the number the next reply must echo
 
 
+# validate opens three workers per source (two zygotes, the probes): compile it once for all
+_precompiled = functools.lru_cache(maxsize=16)(precompiled)
+
+
 class EnvWorker:
     """One generated source; every episode in a fresh confined process. See the module docstring."""
 
@@ -68,6 +74,7 @@ class EnvWorker:
                      "scratch_mb": cfg.scratch_mb, "private_scratch": True,
                      "scratch_budget": zygote.tier == "process", "drop_uid": zygote.drop_uid,
                      "read_search": zygote.read_search}
+        self.compiled = _precompiled(code, cfg.max_frame // 2)
         self.spare: _Proc | None = None
         with self.lock:
             self.spare = self._spawn()  # the import check: a source that does not load fails here
@@ -98,7 +105,7 @@ class EnvWorker:
         proc = _Proc(reply["pid"], mine, protocol.FrameReader(mine.fileno(), out_r, self.sink, self.cfg.max_frame,
                                                              self.cfg.max_output_bytes), reply.get("dir"))
         deadline = time.monotonic() + self.cfg.import_timeout_s
-        load = protocol.Load(code=self.code, n=1)
+        load = protocol.Load(code="" if self.compiled else self.code, compiled=self.compiled, n=1)
         try:
             # The source goes out now and waits in the socket: the launcher reads it only after
             # sending its own word, so the first frame is still the launcher's.

@@ -55,6 +55,7 @@ class _Req(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=T
 
 class Load(_Req, tag="load"):
     code: str
+    compiled: bytes | None = None  # the code object, marshalled by the supervisor (then code is "")
 
 
 class Reset(_Req, tag="reset"):
