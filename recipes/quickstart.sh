@@ -25,9 +25,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
 VENV="${VENV:-.venv}"
-export EXTRAS="${EXTRAS:-eval,report,sandbox}"   # what the loop needs; the tests use the dev extra
-bash recipes/setup.sh
-export PATH="$PWD/$VENV/bin:$PATH"
+[[ "$VENV" == /* ]] || VENV="$PWD/$VENV"
+export VENV EXTRAS="${EXTRAS:-eval,report,sandbox}"   # what the loop needs; the tests use the dev extra
+# setup.sh reinstalls spade editable on every call (seconds to minutes of pip): only a venv without
+# spade gets it, unless SETUP=1 asks for it again (after a pull that changed the dependencies).
+if [[ "${SETUP:-0}" == 1 || ! -x "$VENV/bin/spade" ]]; then
+  bash recipes/setup.sh
+else
+  echo "== setup skipped: $VENV has spade (SETUP=1 reinstalls)" >&2
+fi
+export PATH="$VENV/bin:$PATH"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 RUN="${RUN:-runs/quickstart}"
@@ -44,11 +51,14 @@ EVAL_K="${EVAL_K:-32}"                   # held-out seeds per env
 AGENT_LR="${AGENT_LR:-1e-4}"
 EVAL_SEED=$((SEED + 1000))
 echo "== quickstart: RUN=$RUN ITERS=$ITERS SEED=$SEED (setup took $((SECONDS - T0)) s)" >&2
+t=$SECONDS
+took() { echo "== $1 took $((SECONDS - t)) s" >&2; t=$SECONDS; }
 
 spade init-model --out "$RUN/model/init" --size small --seed "$SEED"
 spade warmstart --model "$RUN/model/init" --out "$RUN/model/warm" --pool starter --epochs "$WARM_EPOCHS" \
   --batch-size 1 --learning-rate 2e-3 --excerpt-chars 300 --no-example --seed "$SEED" \
   --agent-episodes "$AGENT_EPISODES" --agent-noise "$AGENT_NOISE" --agent-max-turns "$MAX_TURNS"
+took "init-model + warmstart"
 
 suite="$RUN/heldout/validated.jsonl"
 spade design --pool starter --n 4 --out "$RUN/heldout/designs.jsonl"
@@ -58,6 +68,7 @@ EVAL_ARGS="--seed $EVAL_SEED --k $EVAL_K --max-turns $MAX_TURNS --max-tokens 16"
 eval0="$(spade paths "$RUN" -i 0 --key eval)"
 # shellcheck disable=SC2086
 spade eval --model "$RUN/model/warm" --tasks "$EVAL_TASKS" --out "$eval0" $EVAL_ARGS
+took "held-out suite + eval of iteration 0"
 
 MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" \
 N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" MAX_TURNS="$MAX_TURNS" REPLAY="$REPLAY" BACKEND=hf \
@@ -66,8 +77,11 @@ DESIGN_ARGS="--temperature 1.0 --top-p 0.9 --max-tokens 700 --excerpt-chars 300 
 ROLLOUT_ARGS="--max-new-tokens 16" \
 UPDATE_ARGS="--learning-rate $AGENT_LR" \
   bash recipes/loop.sh
+took "loop.sh ($ITERS iterations, the last eval and the report)"
 
 valid0="$(spade inspect "$(spade paths "$RUN" -i 0 --key validated)" --json \
   | python3 -c 'import json, sys; d = json.load(sys.stdin); v = d["validation"]; print(v["valid"], "of", v["rows"])')"
-spade eval --compare "$eval0" "$(spade paths "$RUN" -i "$((ITERS - 1))" --key next_eval)" >&2
+# the table on stderr, its rows (A, B, B - A, z per metric) in compare.json
+spade eval --compare "$eval0" "$(spade paths "$RUN" -i "$((ITERS - 1))" --key next_eval)" \
+  > "$RUN/heldout/compare.json"
 echo "== quickstart finished in $((SECONDS - T0)) s; iteration 0: $valid0 designs valid; see $RUN/report/" >&2
