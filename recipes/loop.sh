@@ -156,8 +156,9 @@ for ((i = 0; i < ITERS; i++)); do
   ((i > 0)) && [[ -f "$replay_prev" ]] && envs+=(--envs "$replay_prev")
   if ((ROLLOUT_SHARDS > 1)); then
     # Shards are written by the Slurm array (recipes/slurm/multi_node/); wait for all of them.
-    rollouts="$rollouts_glob"
-    n_done=$(find "$iter_dir" -maxdepth 1 -name 'rollouts.shard-*.jsonl.manifest.json' | wc -l)
+    # the names of this array's N shards, from the one place that derives paths
+    rollouts="$("$SPADE" paths "$RUN" --iteration "$i" --shard "0/$ROLLOUT_SHARDS" --key rollout_shards_glob)"
+    n_done=$( { compgen -G "$rollouts.manifest.json" || true; } | wc -l)
     if ((n_done < ROLLOUT_SHARDS)); then
       echo "waiting for $ROLLOUT_SHARDS rollout shards of iteration $i ($n_done done); submit the array" >&2
       exit 3

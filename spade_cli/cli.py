@@ -121,7 +121,34 @@ class SpadeCommand(TyperCommand):
 
         n, source = threads.resolve(ctx.params.pop("threads", None), ctx.info_name or "", ctx.params)
         threads.apply(n, source)
+        if isinstance(ctx.params.get("model"), str) and ctx.params.get("backend") != "openai":
+            check_model(ctx.params["model"])  # with openai, --model may be a name only the server knows
         return super().invoke(ctx)
+
+
+def check_model(value: str) -> None:
+    """A ``--model`` that can't be a checkpoint is a usage error here, not a loader's traceback later:
+    a missing directory (a path no hub id looks like, or a hub-id-shaped one whose first part is a
+    local directory: a typo'd run path), a file, or, offline, a hub id that is not in the cache."""
+    import os
+    import re
+
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise typer.BadParameter(f"{value} is a file; a checkpoint is a directory (save_pretrained)",
+                                 param_hint="--model")
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", value) and ".." not in value
+    if not hub_id or ("/" in value and Path(value.split("/")[0]).is_dir()):
+        raise typer.BadParameter(f"{value}: no such checkpoint directory", param_hint="--model")
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+           for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(value, "config.json"), str):
+            raise typer.BadParameter(f"{value}: not a local directory, and not in the Hugging Face cache "
+                                     "(offline: HF_HUB_OFFLINE is set)", param_hint="--model")
 
 
 def _check_threads(ctx: typer.Context, param: Any, value: str | None) -> int | None:
@@ -174,6 +201,14 @@ def command(fn: Callable) -> Callable:
         except SpadeError as exc:
             console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None  # OutputError: usage, 2
+        except OSError as exc:
+            if "huggingface.co" not in str(exc):
+                raise
+            # a hub id that could not be fetched (no network, no such repo): the loader's message
+            model = f"--model {kwargs['model']}: " if kwargs.get("model") else ""
+            console.print(f"[bold red]error:[/] {model}{' '.join(str(exc).split())} (local files only: "
+                          "HF_HUB_OFFLINE=1)", soft_wrap=True)
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; rerun the same command to resume[/]")
             raise typer.Exit(130) from None

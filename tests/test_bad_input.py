@@ -205,3 +205,19 @@ def test_an_identical_repeated_episode_is_counted_once_with_a_warning(d: Path) -
                      _flat(res.stderr)), res.stderr
     (score,) = [json.loads(r) for r in (d / "scores.jsonl").read_text().splitlines()]
     assert (score["hinted_n"], score["unhinted_n"], score["regret"]) == (1, 1, 1.0)
+
+
+# -- --model that cannot be a checkpoint: exit 2 before any loader runs ----------------------------
+@pytest.mark.parametrize("stage", ["rollout", "update"])
+@pytest.mark.parametrize("model, message", [
+    ("run/ckpt/iter_0001", "run/ckpt/iter_0001: no such checkpoint directory"),  # no hub id has two slashes
+    ("{d}/nope", "nope: no such checkpoint directory"),
+    ("{d}/afile", "afile is a file; a checkpoint is a directory"),
+    ("model/iter_9", "model/iter_9: no such checkpoint directory"),  # model/ is a local dir: a typo, not a hub id
+    ("no-such-org/no-such-model", "not a local directory, and not in the Hugging Face cache"),  # offline here
+])
+def test_a_model_that_is_no_checkpoint_is_a_usage_error(d: Path, stage: str, model: str, message: str) -> None:
+    argv = [str(a) for a in _argv(stage, d, d / "out")]
+    argv[argv.index("--model") + 1] = model.format(d=d)
+    res = run_spade(*argv, cwd=d)
+    _refused(res, 2, re.escape(message), d / "out")
