@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# quickstart.sh — the whole SPADE loop on a CPU, offline, in minutes, with an Agent that learns.
+# quickstart.sh — the whole SPADE loop on a CPU, offline (what it shows and does not yet: README).
 #
 #   bash recipes/quickstart.sh                 # fresh machine: sets up .venv, then runs
 #   RUN=runs/qs2 ITERS=3 bash recipes/quickstart.sh
