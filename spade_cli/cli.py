@@ -121,8 +121,9 @@ class SpadeCommand(TyperCommand):
 
         n, source = threads.resolve(ctx.params.pop("threads", None), ctx.info_name or "", ctx.params)
         threads.apply(n, source)
-        if isinstance(ctx.params.get("model"), str) and ctx.params.get("backend") != "openai":
-            check_model(ctx.params["model"])  # with openai, --model may be a name only the server knows
+        # with openai, --model may be a name only the server knows; with fake, a script's name
+        if isinstance(ctx.params.get("model"), str) and ctx.params.get("backend") not in ("openai", "fake"):
+            check_model(ctx.params["model"])
         return super().invoke(ctx)
 
 

@@ -243,7 +243,7 @@ def test_tau2_airline_end_to_end_tiny_agent_and_transformers_serve_user(tiny_mod
 
 @pytest.mark.integration
 def test_tau2_needs_a_user_simulator(tmp_path: Path) -> None:
-    proc = run_spade("eval", "--model", "m", "--tasks", "tau2:airline:1", "--out", tmp_path / "e.jsonl")
+    proc = run_spade("eval", "--model", tmp_path, "--tasks", "tau2:airline:1", "--out", tmp_path / "e.jsonl")
     assert proc.returncode == 2 and "--user-base-url" in proc.stderr
 
 

@@ -55,8 +55,10 @@ def test_sigterm_mid_rollout_exits_75_and_the_rerun_resumes_to_the_same_output(t
     assert run_spade("validate", "--designs", designs, "--out", envs).returncode == 0
 
     def argv(out: Path) -> list[str]:
-        return ["rollout", "--model", str(tiny_model), "--envs", str(envs), "--k", "3", "--max-turns", "2",
-                "--max-new-tokens", "8", "--out", str(out)]
+        # one episode at a time, 32 of them: the signal lands after the first row with most still to
+        # play (with the default concurrency all 12 episodes of k=3 could finish before it)
+        return ["rollout", "--model", str(tiny_model), "--envs", str(envs), "--k", "8", "--max-turns", "2",
+                "--max-new-tokens", "8", "--max-concurrent", "1", "--out", str(out)]
 
     out = tmp_path / "rollouts.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "spade_cli", *argv(out)], stdout=subprocess.PIPE,
