@@ -219,6 +219,27 @@ def test_envs_cannot_affect_each_other(tier_pool) -> None:
     b.close()
 
 
+@pytest.mark.parametrize("tier", TIERS)
+def test_the_cpu_rlimit_ends_a_step_as_a_timeout_not_a_crash(tier: str) -> None:
+    """The RLIMIT_CPU backstop, with the step deadline far away: the env process is pid 1 of its pid
+    namespace, where SIGXCPU's default action is dropped, so the hard limit's SIGKILL ends it; that is
+    still the CPU limit (step_timeout), told by the CPU time the zygote reaps with it."""
+    if tier == "strong" and not probe_bwrap()["ok"]:
+        pytest.skip("strong tier unavailable here")
+    pool = SandboxPool(SandboxConfig(tier=tier, cpu_s=1, step_timeout_s=30.0, reset_timeout_s=5.0,
+                                     import_timeout_s=10.0, memory_mb=768))
+    try:
+        w = pool.open("import gymnasium as gym\nclass S(gym.Env):\n    def reset(self, *, seed=None, options=None):"
+                      "\n        return 's', {}\n    def step(self, action):\n        while True:\n            pass\n")
+        w.reset("e", 0)
+        with pytest.raises(EnvError) as info:
+            w.step("e", "x")
+        assert info.value.reason == "step_timeout", info.value
+        assert "killed by SIG" in str(info.value)
+    finally:
+        pool.close()
+
+
 def test_kill_latency_after_deadline(tier_pool) -> None:
     """A step that never returns is reported within the step budget plus a small margin."""
     import time

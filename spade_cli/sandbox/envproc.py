@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import types
+import warnings
 
 from spade_cli.sandbox import confine, protocol
 from spade_cli.sandbox.checks import Rejected, check_flag, check_info, check_obs, check_reward, describe
@@ -46,7 +47,9 @@ def precompiled(code: str, cap: int) -> bytes | None:
     then compiles it itself and reports the error exactly as before. Compiling runs none of the
     source's code; what the supervisor sends its own env processes is trusted."""
     try:
-        with PARSE_LOCK:
+        # the source's SyntaxWarnings (one per line: a 200k-character source writes thousands) would
+        # go to the stage's own stderr; compiled in the env process they went to its capped output
+        with PARSE_LOCK, warnings.catch_warnings(action="ignore"):
             blob = marshal.dumps(compile_source(code))
     except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
         return None

@@ -212,7 +212,8 @@ class EnvWorker:
         if "signal" in status:
             sig = status["signal"]
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            reason = "step_timeout" if sig == signal.SIGXCPU else "crashed"
+            over_cpu = sig == signal.SIGXCPU or (sig == signal.SIGKILL and status.get("cpu_s", 0) >= self.cfg.cpu_s)
+            reason = "step_timeout" if over_cpu else "crashed"
             err2 = EnvError(reason if phase != "load" or reason == "crashed" else "import_timeout",
                             f"killed by {name} during {phase}")
         else:

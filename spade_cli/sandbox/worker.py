@@ -65,9 +65,11 @@ def _remove_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _status(st: int) -> dict:
+def _status(st: int, cpu_s: float) -> dict:
+    # cpu_s: an env process is pid 1 of its pid namespace, where the kernel drops a default-action
+    # SIGXCPU; the RLIMIT_CPU overrun then ends in the hard limit's SIGKILL, told apart by its CPU time
     if os.WIFSIGNALED(st):
-        return {"signal": os.WTERMSIG(st)}
+        return {"signal": os.WTERMSIG(st), "cpu_s": round(cpu_s, 3)}
     return {"exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1}
 
 
@@ -250,8 +252,8 @@ class Zygote:
                     os.kill(target, signal.SIGKILL)
                 except OSError:
                     pass
-            _, st = os.waitpid(pid, 0)
-            reply = _status(st)
+            _, st, usage = os.wait4(pid, 0)
+            reply = _status(st, usage.ru_utime + usage.ru_stime)
             self.forget(pid)
         _reap_strays({**self.children, **({self.ready[0]: ""} if self.ready else {})})
         return reply
