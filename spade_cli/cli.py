@@ -121,35 +121,39 @@ class SpadeCommand(TyperCommand):
 
         n, source = threads.resolve(ctx.params.pop("threads", None), ctx.info_name or "", ctx.params)
         threads.apply(n, source)
-        # with openai, --model may be a name only the server knows; with fake, a script's name
-        if isinstance(ctx.params.get("model"), str) and ctx.params.get("backend") not in ("openai", "fake"):
-            check_model(ctx.params["model"])
+        # Only where --model is loaded locally: with openai or --base-url it may be a name only the
+        # server knows; fake and custom (module:Class) backends read it their own way.
+        if (isinstance(ctx.params.get("model"), str) and ctx.params.get("backend", "hf") in ("hf", "vllm")
+                and not ctx.params.get("base_url")):
+            ctx.params["model"] = check_model(ctx.params["model"])
         return super().invoke(ctx)
 
 
-def check_model(value: str) -> None:
-    """A ``--model`` that can't be a checkpoint is a usage error here, not a loader's traceback later:
-    a missing directory (a path no hub id looks like, or a hub-id-shaped one whose first part is a
-    local directory: a typo'd run path), a file, or, offline, a hub id that is not in the cache."""
+def check_model(value: str) -> str:
+    """The ``--model`` to load (``~`` expanded). One that can't be a checkpoint is a usage error here,
+    not a loader's traceback later: a missing directory (a path no hub id looks like), a file, or,
+    offline, a hub id that is not in the cache. Online, a hub id goes to the loader."""
     import os
     import re
 
     path = Path(value).expanduser()
     if path.is_dir():
-        return
+        return str(path) if value.startswith("~") else value
     if path.exists():
         raise typer.BadParameter(f"{value} is a file; a checkpoint is a directory (save_pretrained)",
                                  param_hint="--model")
-    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", value) and ".." not in value
-    if not hub_id or ("/" in value and Path(value.split("/")[0]).is_dir()):
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", value) or ".." in value:
         raise typer.BadParameter(f"{value}: no such checkpoint directory", param_hint="--model")
     if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
            for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(value, "config.json"), str):
-            raise typer.BadParameter(f"{value}: not a local directory, and not in the Hugging Face cache "
-                                     "(offline: HF_HUB_OFFLINE is set)", param_hint="--model")
+            local = "/" in value and Path(value.split("/")[0]).is_dir()  # likely a typo'd run path
+            raise typer.BadParameter(f"{value}: {'no such checkpoint directory, ' if local else ''}not a local "
+                                     "directory, and not in the Hugging Face cache (offline: HF_HUB_OFFLINE is set)",
+                                     param_hint="--model")
+    return value
 
 
 def _check_threads(ctx: typer.Context, param: Any, value: str | None) -> int | None:

@@ -36,7 +36,7 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 def extract_answer(completion: str) -> str:
     """The last <answer>…</answer> after any reasoning block, else the last non-empty line; a
     reasoning block that is never closed leaves no answer."""
-    if "<think>" in completion and _THINK_END not in completion.rsplit("<think>", 1)[1]:
+    if "<think>" in completion and _THINK_END not in completion.split("<think>", 1)[1]:  # the first opens it
         return ""
     text = completion.rsplit(_THINK_END, 1)[-1]
     found = _ANSWER.findall(text)

@@ -99,8 +99,9 @@ def failed_design_id(group_id: str | None, sample: int, completion: str | None) 
 
 
 def _unclosed(text: str) -> bool:
-    """One budget for reasoning and answer: the last ``<think>`` of the reply is never closed."""
-    return "<think>" in text and "</think>" not in text.rsplit("<think>", 1)[1]
+    """One budget for reasoning and answer: the reasoning block (the reply's first ``<think>``) is
+    never closed. An answer may quote ``<think>`` itself (an env about LLM text) once it is."""
+    return "<think>" in text and "</think>" not in text.split("<think>", 1)[1]
 
 
 def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: int, gen: dict,

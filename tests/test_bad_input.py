@@ -213,7 +213,7 @@ def test_an_identical_repeated_episode_is_counted_once_with_a_warning(d: Path) -
     ("run/ckpt/iter_0001", "run/ckpt/iter_0001: no such checkpoint directory"),  # no hub id has two slashes
     ("{d}/nope", "nope: no such checkpoint directory"),
     ("{d}/afile", "afile is a file; a checkpoint is a directory"),
-    ("model/iter_9", "model/iter_9: no such checkpoint directory"),  # model/ is a local dir: a typo, not a hub id
+    ("model/iter_9", "model/iter_9: no such checkpoint directory"),  # offline, and model/ is a local dir
     ("no-such-org/no-such-model", "not a local directory, and not in the Hugging Face cache"),  # offline here
 ])
 def test_a_model_that_is_no_checkpoint_is_a_usage_error(d: Path, stage: str, model: str, message: str) -> None:
@@ -221,3 +221,16 @@ def test_a_model_that_is_no_checkpoint_is_a_usage_error(d: Path, stage: str, mod
     argv[argv.index("--model") + 1] = model.format(d=d)
     res = run_spade(*argv, cwd=d)
     _refused(res, 2, re.escape(message), d / "out")
+
+
+def test_a_model_check_keeps_what_can_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spade_cli.cli import check_model
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "ckpt").mkdir()
+    assert check_model("~/ckpt") == str(tmp_path / "ckpt")  # expanded, as the loader needs it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Qwen").mkdir()  # a local folder named like the hub org
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    assert check_model("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"  # online: the hub's to answer

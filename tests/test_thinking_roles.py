@@ -323,3 +323,14 @@ def test_eval_tau2_agent_acts_on_the_answer_after_the_reasoning(tiny_model):
         assert log["reward"] == reward and log["error"] is None, log
         calls = [c for m in log["messages"] for c in (m.get("tool_calls") or [])]
         assert bool(calls) is (overflow == "close")
+
+
+@pytest.mark.unit
+def test_an_answer_may_quote_a_think_tag_once_the_reasoning_is_closed() -> None:
+    from spade_cli.eval_rg import extract_answer
+    from stages.design import _unclosed
+
+    reply = "<think>plan</think>\nOBS = 'reply with <think> notes'\n"
+    assert not _unclosed(reply) and _unclosed("<think>still planning <think>")
+    assert extract_answer("<think>r</think>the tag is <think>. <answer>7</answer>") == "7"
+    assert extract_answer("<think>never closed") == ""
