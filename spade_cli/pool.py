@@ -6,7 +6,9 @@
   line of the module docstring. The bundled pool (``spade_cli/data/pool/``, pass ``--pool bundled``)
   holds hand-written, long-horizon environments: JSON tool use against simulated backends,
   puzzles, planning and text games. It doubles as the worked example in the Designer's prompt.
-  ``--pool starter`` names four short environments used to warm-start small models.
+  ``--pool starter`` names four short environments used to warm-start small models: rounds of
+  copying, a rule, a successor and a lookup, each scored a quarter per round, so a small model
+  wins part of an episode and GRPO groups have reward spread.
 - a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
   embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),
@@ -49,7 +51,7 @@ from spade_cli.artifacts import InputError, SpadeError, read_rows
 from spade_cli.records import Design, env_id_for
 
 BUNDLED_POOL = Path(__file__).resolve().parent / "data" / "pool"
-# Four short environments (~1 KB each) that a 13M-parameter model learns in minutes on a CPU:
+# Four short environments (~800 bytes each) that a 13M-parameter model learns in minutes on a CPU:
 # the quickstart warm-starts its Designer on them (`spade warmstart --pool starter`).
 STARTER_POOL = Path(__file__).resolve().parent / "data" / "starter"
 NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL}

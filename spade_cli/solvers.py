@@ -17,7 +17,6 @@ ever plays shares a seed with one it was warm-started on.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Callable
@@ -30,50 +29,54 @@ USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
 Policy = Callable[[list[str], random.Random, float], str]
 
 
-def _last_int(pattern: str, texts: list[str], default: int) -> int:
-    for text in reversed(texts):
-        m = re.search(pattern, text)
-        if m:
-            return int(m.group(1))
-    return default
+def _last(pattern: str, obs: list[str]) -> str | None:
+    """The last match of ``pattern`` in the latest observation that has one."""
+    for text in reversed(obs):
+        found = re.findall(pattern, text)
+        if found:
+            return found[-1]
+    return None
 
 
-def exact_sum(obs: list[str], rng: random.Random, noise: float) -> str:
-    """Add 9 while at least 9 remain, then the remainder (the env's own hint)."""
-    target = _last_int(r"Reach exactly (\d+)", obs[:1], 30)
-    total = _last_int(r"Total:? (\d+)", obs, 0)
-    if rng.random() < noise:
-        return str(rng.randint(1, 9))
-    return str(min(9, max(1, target - total)))
+def _answer(correct: str | None, choices: list[str], rng: random.Random, noise: float) -> str:
+    """The right reply, or with probability ``noise`` one of the env's possible replies at random."""
+    if correct is None or rng.random() < noise:
+        return rng.choice(choices)
+    return correct
 
 
-def guess_number(obs: list[str], rng: random.Random, noise: float) -> str:
-    """Binary search on the higher/lower answers."""
-    lo, hi = 1, 100
-    for text in obs[1:]:
-        m = re.match(r"(\d+) is wrong; go (higher|lower)", text)
-        if m:
-            g = int(m.group(1))
-            lo, hi = (max(lo, g + 1), hi) if m.group(2) == "higher" else (lo, min(hi, g - 1))
-    lo, hi = min(lo, hi), max(lo, hi)
-    return str(rng.randint(lo, hi) if rng.random() < noise else (lo + hi) // 2)
+# What each starter env accepts (spade_cli/data/starter/): a solver knows its env's rules.
+RELAY_WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano"]
+SIGNALS = {"red": "stop", "yellow": "wait", "green": "go"}
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+OPPOSITES = {"hot": "cold", "up": "down", "big": "small", "fast": "slow", "day": "night", "wet": "dry"}
 
 
-def price_lookup(obs: list[str], rng: random.Random, noise: float) -> str:
-    """Look up every ordered item, then submit the sum of price times quantity."""
-    m = re.search(r"Order: (\{.*?\})", obs[0])
-    order = dict(re.findall(r'"(\w+)": (\d+)', m.group(1))) if m else {}
-    prices = dict(re.findall(r"(\w+) costs (\d+)\.", "\n".join(obs[1:])))
-    missing = [k for k in order if k not in prices]
-    if missing:
-        return json.dumps({"tool": "price", "item": missing[0]})
-    total = sum(int(prices[k]) * int(n) for k, n in order.items())
-    if rng.random() < noise:
-        total += rng.choice([-2, -1, 1, 2])
-    return json.dumps({"tool": "submit", "total": total})
+def relay_word(obs: list[str], rng: random.Random, noise: float) -> str:
+    """Repeat the word the radio sent last."""
+    return _answer(_last(r"Radio: (\w+)\.", obs), RELAY_WORDS, rng, noise)
 
 
-SOLVERS: dict[str, Policy] = {"exact_sum": exact_sum, "guess_number": guess_number, "price_lookup": price_lookup}
+def signal_rules(obs: list[str], rng: random.Random, noise: float) -> str:
+    """Answer the light with its move (the env's own hint)."""
+    light = _last(r"Light: (\w+)\.", obs)
+    return _answer(SIGNALS.get(light or ""), list(SIGNALS.values()), rng, noise)
+
+
+def next_letter(obs: list[str], rng: random.Random, noise: float) -> str:
+    """The letter after the one shown."""
+    letter = _last(r"Letter: ([a-y])\.", obs)
+    return _answer(LETTERS[LETTERS.index(letter) + 1] if letter else None, list(LETTERS[1:]), rng, noise)
+
+
+def opposites(obs: list[str], rng: random.Random, noise: float) -> str:
+    """The opposite of the word asked about."""
+    word = _last(r"Opposite of (\w+)\?", obs)
+    return _answer(OPPOSITES.get(word or ""), list(OPPOSITES.values()), rng, noise)
+
+
+SOLVERS: dict[str, Policy] = {"relay_word": relay_word, "signal_rules": signal_rules,
+                             "next_letter": next_letter, "opposites": opposites}
 
 
 class ScriptedBackend:

@@ -32,7 +32,8 @@ def test_solvers_solve_their_envs_and_noise_makes_them_fail(tok, starter):
 
     clean = solvers.play(tok, starter, 6, noise=0.0, seed=0, max_turns=8, enable_thinking=True)
     names = sorted(solvers.SOLVERS)
-    assert sorted({r.env_id for r in clean}) == [f"warmstart-{n}" for n in names]  # lock_code: no solver
+    assert sorted({r.env_id for r in clean}) == [f"warmstart-{n}" for n in names] == \
+        sorted(f"warmstart-{e['name']}" for e in starter)  # every starter env has a solver
     for name in names:
         assert _returns(clean, name) == [1.0] * 12, name
     noisy = solvers.play(tok, starter, 6, noise=0.6, seed=0, max_turns=8, enable_thinking=True)
@@ -47,7 +48,7 @@ def test_samples_are_the_rollout_engines_tokens_on_unreachable_seeds(tok, starte
     from spade_cli.backends import render_chat
     from spade_cli.episodes import PlayConfig, episode_seed, system_message
 
-    env = next(e for e in starter if e["name"] == "exact_sum")
+    env = next(e for e in starter if e["name"] == "signal_rules")
     rows = solvers.play(tok, [env], 3, noise=0.0, seed=4, max_turns=5, enable_thinking=True)
     assert len(rows) == 6 and {r.hinted for r in rows} == {False, True}
     samples = solvers.agent_samples(rows)
@@ -74,12 +75,28 @@ def test_policies_read_the_observations():
     from spade_cli import solvers
 
     rng = random.Random(0)
-    first = "Reach exactly 31. Each turn add a number from 1 to 9. Total: 0."
-    assert solvers.exact_sum([first], rng, 0.0) == "9"
-    assert solvers.exact_sum([first, "Total: 27."], rng, 0.0) == "4"
-    guess = ["I picked a whole number from 1 to 100.", "50 is wrong; go lower.", "25 is wrong; go higher."]
-    assert solvers.guess_number(guess, rng, 0.0) == "37"
-    order = 'Order: {"apple": 2, "bread": 3}. Tools: ...'
-    assert solvers.price_lookup([order], rng, 0.0) == '{"tool": "price", "item": "apple"}'
-    assert solvers.price_lookup([order, "apple costs 5.", "bread costs 7."], rng, 0.0) == \
-        '{"tool": "submit", "total": 31}'
+    assert solvers.relay_word(["Radio: maple. Relay it.", "Garbled. Radio: tiger. Relay it."], rng, 0.0) == "tiger"
+    assert solvers.signal_rules(["Light: red. Your move?", "Right. Light: green. Your move?"], rng, 0.0) == "go"
+    assert solvers.next_letter(["Letter: q. Next?"], rng, 0.0) == "r"
+    assert solvers.opposites(["Opposite of hot?", "Yes. Opposite of wet?"], rng, 0.0) == "dry"
+    # with noise 1 every reply is one the env accepts for some state, drawn at random
+    assert {solvers.signal_rules(["Light: red. Your move?"], rng, 1.0) for _ in range(60)} == {"stop", "wait", "go"}
+
+
+@pytest.mark.unit
+def test_solver_tables_are_the_starter_envs_own_rules():
+    """The solvers know their envs' rules: each table is what the env's module defines."""
+    import ast
+
+    from spade_cli import solvers
+    from spade_cli.pool import STARTER_POOL
+
+    def constant(name: str, var: str):
+        tree = ast.parse((STARTER_POOL / f"{name}.py").read_text())
+        return next(ast.literal_eval(n.value) for n in tree.body
+                    if isinstance(n, ast.Assign) and n.targets[0].id == var)
+
+    assert constant("relay_word", "WORDS") == solvers.RELAY_WORDS
+    assert constant("signal_rules", "RULES") == solvers.SIGNALS
+    assert constant("next_letter", "LETTERS") == solvers.LETTERS
+    assert constant("opposites", "PAIRS") == solvers.OPPOSITES

@@ -55,8 +55,8 @@ def warmstart(
     """Fine-tune a model on the example pool so it writes parseable environments (TRL SFTTrainer).
 
     The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
-    --example and --thinking there. --agent-episodes N also imitates scripted solvers of part of
-    the pool (exact_sum, guess_number, price_lookup), played by the rollout engine on seeds that
+    --example and --thinking there. --agent-episodes N also imitates the scripted solvers of the
+    starter envs (spade_cli/solvers.py), played by the rollout engine on seeds that
     rollout and eval never draw, so the Agent starts with partial success for GRPO to improve.
 
     Example: [bold]spade warmstart --model ckpt/small --out ckpt/warm --epochs 12 --max-examples 6[/]
