@@ -31,12 +31,11 @@ ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Sandbox workers a command keeps busy beside torch, from its own parsed options. Rollout steps
 # envs in `--env-threads` worker processes; validate checks `--workers` designs at once (default:
-# two per core, see stages.validate.default_workers); warmstart plays solver episodes with the
-# rollout engine's default of 8 when --agent-episodes is set.
+# two per core, see stages.validate.default_workers). Warmstart's solver episodes (--agent-episodes)
+# run in the sandbox before training starts and use no torch, so its training gets every core.
 SANDBOX_WORKERS: dict[str, Callable[[dict[str, Any], int], int]] = {
     "rollout": lambda p, cores: int(p.get("env_threads") or 8),
     "validate": lambda p, cores: int(p.get("workers") or 2 * cores),
-    "warmstart": lambda p, cores: 8 if p.get("agent_episodes") else 0,
 }
 
 _state: dict[str, Any] = {}

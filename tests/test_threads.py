@@ -23,7 +23,8 @@ def test_auto_rule_leaves_the_sandbox_workers_their_cores():
     assert threads.resolve(None, "validate", {"workers": None}, env, cores=4) == (1, "auto")  # 2 per core
     assert threads.resolve(None, "validate", {"workers": 1}, env, cores=4) == (3, "auto")
     assert threads.resolve(None, "warmstart", {"agent_episodes": 0}, env, cores=4) == (4, "auto")
-    assert threads.resolve(None, "warmstart", {"agent_episodes": 2}, env, cores=12) == (4, "auto")
+    # its solver episodes run in the sandbox before training, not beside it
+    assert threads.resolve(None, "warmstart", {"agent_episodes": 2}, env, cores=12) == (12, "auto")
     assert threads.resolve(None, "update", {}, env, cores=6) == (6, "auto")
 
 
