@@ -158,7 +158,8 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
         values = [e.return_ for e in episodes if e.hinted is hinted]
         mean, stderr = mean_stderr(values)
         rows.append(ctx.row(spec, side, mean, "spade-rollout", stderr=stderr, n=len(values),
-                            envs=len({e.env_id for e in episodes}), k=ctx.k))
+                            envs=len({e.env_id for e in episodes}), k=ctx.k,
+                            episodes=os.path.relpath(out, Path(ctx.out).parent)))
     return rows
 
 
@@ -266,8 +267,34 @@ def summary(rows: list[Eval], out: Path, status: str) -> dict:
                         for r in rows]}
 
 
+def _episode_returns(eval_file: Path, row: Any) -> dict[tuple, float] | None:
+    """An ``envs:`` row's episode returns by (env_id, seed, pair), for its side (hinted or not)."""
+    rel = (row.extra or {}).get("episodes") if row else None
+    if not rel or row.metric not in ("unhinted_return", "hinted_return"):
+        return None
+    path = eval_file.parent / rel
+    if not path.is_file():
+        return None
+    hinted = row.metric == "hinted_return"
+    return {(e.env_id, e.seed, e.pair): e.return_ for e in read_records(path, expect="spade.rollout")
+            if e.hinted is hinted}
+
+
+def _paired(a_eps: dict[tuple, float] | None, b_eps: dict[tuple, float] | None) -> dict[str, Any]:
+    """B - A over the episodes both files played (the same env, seed and pair): a held-out suite
+    evaluated twice with one --seed plays the same seeds, and pairing removes the seed-to-seed
+    spread that the unpaired z carries twice."""
+    if not a_eps or not b_eps:
+        return {}
+    keys = sorted(set(a_eps) & set(b_eps))
+    diff, stderr = mean_stderr([b_eps[k] - a_eps[k] for k in keys])
+    z = diff / stderr if diff is not None and stderr else None
+    return {"paired_n": len(keys), "paired_diff": diff, "paired_stderr": stderr, "paired_z": z}
+
+
 def compare(a: str | Path, b: str | Path) -> dict:
-    """Join two eval files on (task, metric): values, B - A, and a z-score where both have stderr."""
+    """Join two eval files on (task, metric): values, B - A, and a z-score where both have stderr;
+    ``envs:`` rows whose episodes are still beside their eval files also get the paired figures."""
     try:
         left = read_records(a, expect="spade.eval")
         right = read_records(b, expect="spade.eval")
@@ -285,7 +312,8 @@ def compare(a: str | Path, b: str | Path) -> dict:
         if diff is not None and ra.stderr and rb.stderr:
             z = diff / math.sqrt(ra.stderr ** 2 + rb.stderr ** 2)
         rows.append({"task": key[0], "metric": key[1], "a": va, "b": vb, "diff": diff, "z": z,
-                     "a_n": ra.n if ra else None, "b_n": rb.n if rb else None})
+                     "a_n": ra.n if ra else None, "b_n": rb.n if rb else None,
+                     **_paired(_episode_returns(Path(a), ra), _episode_returns(Path(b), rb))})
     return {"status": "ok", "a": str(a), "b": str(b), "rows": rows,
             "only_a": sum(1 for k in index_a if k not in index_b),
             "only_b": sum(1 for k in index_b if k not in index_a)}

@@ -145,6 +145,38 @@ def test_compare_and_usage_errors(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stderr)
 
 
+@pytest.mark.integration
+def test_compare_pairs_the_episodes_of_two_envs_evals_by_seed(tmp_path: Path) -> None:
+    """Two evals of one suite on one --seed play the same (env, seed, pair): B - A per episode,
+    computed by hand. Unpaired, the seed-to-seed spread hides the gain; paired, it cancels."""
+    def episodes(path: Path, returns: list[float]) -> None:
+        rows = [{"schema": "spade.rollout/1", "episode_id": f"e{i}{h}", "env_id": "env", "iteration": 0,
+                 "hinted": h, "seed": 100 + i, "pair": i, "return": r}
+                for i, r in enumerate(returns) for h in (False, True)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    before, after = [0.0, 0.25, 0.5, 1.0], [0.25, 0.5, 0.75, 1.0]  # + 0.25, 0.25, 0.25, 0
+    for name, rets in (("a", before), ("b", after)):
+        side = tmp_path / f"{name}.jsonl.envs"
+        side.mkdir()
+        episodes(side / "suite.rollouts.jsonl", rets)
+        mean, stderr = mean_stderr(rets)
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(
+            {"schema": "spade.eval/1", "task": "envs:suite.jsonl", "metric": "unhinted_return", "value": mean,
+             "stderr": stderr, "n": 4, "episodes": f"{name}.jsonl.envs/suite.rollouts.jsonl"}) + "\n")
+    proc = run_spade("eval", "--compare", tmp_path / "a.jsonl", tmp_path / "b.jsonl", env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    [row] = _summary(proc)["rows"]
+    # differences 0.25, 0.25, 0.25, 0: mean 0.1875, sample sd 0.125, stderr 0.0625, z 3
+    assert row["paired_n"] == 4 and row["paired_diff"] == pytest.approx(0.1875)
+    assert row["paired_stderr"] == pytest.approx(0.0625) and row["paired_z"] == pytest.approx(3.0)
+    assert row["z"] < 1 < row["paired_z"]
+    assert "+3.00 (n=4)" in proc.stderr
+    (tmp_path / "b.jsonl.envs" / "suite.rollouts.jsonl").unlink()  # moved away: unpaired figures only
+    [row] = _summary(run_spade("eval", "--compare", tmp_path / "a.jsonl", tmp_path / "b.jsonl"))["rows"]
+    assert "paired_z" not in row and row["diff"] == pytest.approx(0.1875)
+
+
 @pytest.mark.unit
 def test_spec_parsing_and_answer_extraction() -> None:
     assert parse_spec("rg:logic:50") == TaskSpec("rg", "logic", 50)

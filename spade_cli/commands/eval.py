@@ -34,14 +34,15 @@ def _show_compare(result: dict) -> None:
 
     t = Table(title=f"A = {result['a']}\nB = {result['b']}", title_justify="left")
     for col, just in (("task", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
-                      ("B - A", "right"), ("z", "right")):
+                      ("B - A", "right"), ("z", "right"), ("z paired", "right")):
         t.add_column(col, justify=just)
     for r in result["rows"]:
         diff = _fmt(r["diff"], signed=True)
         if r["diff"] is not None and r["diff"] != 0:
             diff = f"[{'green' if r['diff'] > 0 else 'red'}]{diff}[/]"
+        z, zp = r["z"], r.get("paired_z")
         t.add_row(r["task"], r["metric"], _fmt(r["a"]), _fmt(r["b"]), diff,
-                  "-" if r["z"] is None else f"{r['z']:+.2f}")
+                  "-" if z is None else f"{z:+.2f}", "-" if zp is None else f"{zp:+.2f} (n={r['paired_n']})")
     console.print(t)
 
 
