@@ -41,6 +41,7 @@ GROUNDING="${GROUNDING:-1}"         # 0: --no-grounding (ablation)
 MEMORY="${MEMORY:-1}"               # 0: --no-memory (ablation)
 SIGNAL="${SIGNAL:-regret}"          # regret | ema_lp | learnability
 REPLAY="${REPLAY:-0}"               # K past envs replayed per iteration (0: off, as in the paper)
+EXTRA_ENVS="${EXTRA_ENVS:-}"        # validated files played every iteration beside the designs (empty: off, as in the paper)
 POOL="${POOL:-}"                    # fixed-pool baseline: a pool DIR, FILE.jsonl or rg:NAMES (no Designer)
 FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"  # 1: the Designer stays the initial MODEL and is not trained
 EVAL_EVERY="${EVAL_EVERY:-25}"      # evaluate every E iterations, and MODEL itself first (0: never)
@@ -154,6 +155,9 @@ for ((i = 0; i < ITERS; i++)); do
 
   envs=(--envs "$validated")   # a repeated flag: typer takes one value per --envs
   ((i > 0)) && [[ -f "$replay_prev" ]] && envs+=(--envs "$replay_prev")
+  # a fixed set mixed into every iteration (the quickstart's starter envs); an env that is also a
+  # design or a replay is played once, and regret scores it like any other
+  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
   if ((ROLLOUT_SHARDS > 1)); then
     # Shards are written by the Slurm array (recipes/slurm/multi_node/); wait for all of them.
     # the names of this array's N shards, from the one place that derives paths

@@ -6,21 +6,23 @@
 #   SMOKE=1 bash recipes/quickstart.sh         # CI: 2 short iterations, same stages
 #
 # 1. `spade init-model --size small`: a random 13M-parameter Qwen3 with a locally trained tokenizer.
-# 2. `spade warmstart --pool starter --agent-episodes N`: a short SFT on four short example
-#    environments, so this small random model writes parseable environments, plus the episodes of
-#    scripted solvers of three of them (spade_cli/solvers.py; a share of their actions random), so
-#    it also plays them with partial success: GRPO needs groups whose returns differ. (A real run
-#    starts from a Qwen3 checkpoint and skips this.)
-# 3. A held-out suite: the starter envs, validated, played by `spade eval --tasks envs:...` without
-#    the hint on seeds of their own: eval seeds come from the run seed SEED+1000, which the loop
-#    never uses, and the warm start plays seeds >= 2**31, which no rollout draws. It is evaluated
-#    before the first iteration and after the last.
-# 4. recipes/loop.sh for ITERS iterations: design → validate → rollout → regret → update, with
-#    REPLAY past envs per iteration, so the Agent has envs to play when new designs are duplicates.
+# 2. `spade warmstart --pool starter --agent-episodes N`: a short SFT on the episodes of scripted
+#    solvers of the four starter envs (spade_cli/solvers.py; a share AGENT_NOISE of their replies
+#    random), so the Agent wins part of each episode and GRPO groups have reward spread, plus
+#    WARM_EPOCHS Designer prompts per starter env with the env as the target. At this size that
+#    teaches the Designer the answer format only: it needs far more epochs to write a valid env
+#    (README). (A real run starts from a Qwen3 checkpoint and skips this.)
+# 3. A held-out suite: the starter envs, validated, played by `spade eval --tasks envs:...` on seeds
+#    of their own: eval seeds come from the run seed SEED+1000, which the loop never uses, and the
+#    warm start plays seeds >= 2**31, which no rollout draws. It is evaluated, sampling as rollout
+#    samples (temperature 1), before the first iteration and after the last.
+# 4. recipes/loop.sh for ITERS iterations: design → validate → rollout → regret → update. The
+#    starter envs are played every iteration beside the designs (EXTRA_ENVS; on rollout seeds),
+#    so the Agent trains while the Designer's envs are broken, plus REPLAY past envs.
 #    Small knobs keep it to minutes on 2 cores; the defaults of loop.sh are the paper's setting.
-# The last line compares the held-out returns of iteration 0 and of the last checkpoint
-# (`spade eval --compare`: the difference and its z-score). Rerunnable: every finished step is
-# "up to date".
+# The last step compares the held-out returns of iteration 0 and of the last checkpoint
+# (`spade eval --compare`: the difference, its z-score and the z of the per-seed differences).
+# Rerunnable: every finished step is "up to date".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -42,13 +44,14 @@ SEED="${SEED:-0}"
 if [[ "${SMOKE:-0}" == 1 ]]; then   # CI: the same stages at the smallest sizes that still run them all
   : "${ITERS:=2}" "${WARM_EPOCHS:=8}" "${AGENT_EPISODES:=4}" "${N_ENVS:=4}" "${K:=2}" "${EVAL_K:=2}"
 fi
-ITERS="${ITERS:-4}"
-WARM_EPOCHS="${WARM_EPOCHS:-80}"
-AGENT_EPISODES="${AGENT_EPISODES:-48}"   # solver seeds per solvable starter env (hinted + unhinted)
-AGENT_NOISE="${AGENT_NOISE:-0.3}"
+ITERS="${ITERS:-3}"
+WARM_EPOCHS="${WARM_EPOCHS:-4}"           # Designer prompts per starter env (format only: see README)
+AGENT_EPISODES="${AGENT_EPISODES:-96}"   # solver seeds per starter env (hinted + unhinted)
+AGENT_NOISE="${AGENT_NOISE:-0.2}"
 N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-8}" MAX_TURNS="${MAX_TURNS:-6}" REPLAY="${REPLAY:-4}"
 EVAL_K="${EVAL_K:-32}"                   # held-out seeds per env
-AGENT_LR="${AGENT_LR:-1e-4}"
+AGENT_LR="${AGENT_LR:-3e-4}"
+DESIGN_TEMP="${DESIGN_TEMP:-0.7}"
 EVAL_SEED=$((SEED + 1000))
 echo "== quickstart: RUN=$RUN ITERS=$ITERS SEED=$SEED (setup took $((SECONDS - T0)) s)" >&2
 t=$SECONDS
@@ -64,16 +67,16 @@ suite="$RUN/heldout/validated.jsonl"
 spade design --pool starter --n 4 --out "$RUN/heldout/designs.jsonl"
 spade validate --designs "$RUN/heldout/designs.jsonl" --out "$suite"
 EVAL_TASKS="${EVAL_TASKS:-envs:$suite}"
-EVAL_ARGS="--seed $EVAL_SEED --k $EVAL_K --max-turns $MAX_TURNS --max-tokens 16"
+EVAL_ARGS="--seed $EVAL_SEED --k $EVAL_K --max-turns $MAX_TURNS --max-tokens 16 --temperature 1.0"
 eval0="$(spade paths "$RUN" -i 0 --key eval)"
 # shellcheck disable=SC2086
 spade eval --model "$RUN/model/warm" --tasks "$EVAL_TASKS" --out "$eval0" $EVAL_ARGS
 took "held-out suite + eval of iteration 0"
 
-MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" \
+MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" EXTRA_ENVS="$suite" \
 N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" MAX_TURNS="$MAX_TURNS" REPLAY="$REPLAY" BACKEND=hf \
 EVAL_EVERY="$ITERS" EVAL_TASKS="$EVAL_TASKS" EVAL_ARGS="$EVAL_ARGS" \
-DESIGN_ARGS="--temperature 1.0 --top-p 0.9 --max-tokens 700 --excerpt-chars 300 --no-example" \
+DESIGN_ARGS="--temperature $DESIGN_TEMP --max-tokens 400 --excerpt-chars 300 --no-example" \
 ROLLOUT_ARGS="--max-new-tokens 16" \
 UPDATE_ARGS="--learning-rate $AGENT_LR" \
   bash recipes/loop.sh

@@ -44,6 +44,7 @@ def test_smoke_quickstart_runs_every_stage_and_compares_the_held_out_suite(tmp_p
     for r in rows.values():
         assert 0.0 <= r["a"] <= 1.0 and 0.0 <= r["b"] <= 1.0 and r["diff"] == pytest.approx(r["b"] - r["a"])
         assert r["a_n"] == r["b_n"] == 2 * 4  # SMOKE: EVAL_K=2 seeds of each of the 4 starter envs
+        assert r["paired_n"] == 8  # both evals played the same seeds: every episode is paired
     assert "unhinted_return" in err  # the table a user reads
 
     report = run / "report"
