@@ -163,7 +163,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         save_strategy="no", report_to="none", seed=seed, use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True,
         # TRL turns activation checkpointing on by default: it saves GPU memory, and on a CPU it only
-        # recomputes every forward (about 1.7x the step time of the quickstart's small model)
+        # recomputes every forward (64 s against 53 s on 80 starter samples of the small model)
         gradient_checkpointing=torch.cuda.is_available(),
     )
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
