@@ -101,6 +101,10 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--model-load-s", type=float, default=1.0,
+                    help="pause after the sandbox's start, standing in for the model load it overlaps")
+    ap.add_argument("--no-prefork", action="store_true",
+                    help="the baseline: no env processes forked ahead for the first tick")
     args = ap.parse_args()
 
     from spade_cli import tinymodel
@@ -122,8 +126,11 @@ def main() -> None:
         play(backend, InProcessPool(), envs, args, EnvError)  # warm-up: kernels, allocator
         pool = SandboxPool(SandboxConfig())
         t_zygote = time.perf_counter()
-        pool.prestart((0,))  # once per stage (a real stage overlaps it with loading the model)
+        # Once per stage, overlapped with loading the model in a real stage: the zygote starts and
+        # forks the first tick's env processes, which confine themselves while the model loads.
+        pool.prestart((0,), episodes=0 if args.no_prefork else episodes)
         t_zygote = time.perf_counter() - t_zygote
+        time.sleep(args.model_load_s)  # stands in for the model load that the stage overlaps it with
         try:
             s, wall, calls = play(backend, pool, envs, args, EnvError)
         finally:
@@ -142,7 +149,8 @@ def main() -> None:
     print(f"orchestration per episode-turn (no gen/env):  {1e3 * orch / turns:.3f} ms  "
           f"= {orch / max(s.gen_s, 1e-9):.3f} x generation")
     print(f"sandbox share of rollout wall time:           {100 * s.env_s / wall:.2f} %  "
-          f"(zygote start, once per stage, not in it: {t_zygote:.2f} s)")
+          f"(zygote start, once per stage, not in it: {t_zygote:.2f} s; "
+          f"{'no prefork' if args.no_prefork else f'{episodes} env processes forked ahead'})")
     print(f"env phase per episode-turn, sandbox vs in-process: {1e3 * step_sandbox:.3f} ms vs "
           f"{1e3 * step_inproc:.3f} ms = {step_sandbox / max(step_inproc, 1e-9):.1f} x")
     print(f"in-process run for comparison: wall {bwall:.2f} s, generation {b.gen_s:.2f} s")

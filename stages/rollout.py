@@ -98,11 +98,11 @@ def _returns_summary(rows: list[dict]) -> dict:
     return out
 
 
-def _prestart(pool: Any) -> None:
+def _prestart(pool: Any, episodes: int) -> None:
     from spade_cli.sandbox import SandboxUnavailable
 
     try:
-        pool.prestart((0,))
+        pool.prestart((0,), episodes=episodes)
     except (SandboxUnavailable, OSError):
         pass  # the first episode starts it again and reports it, in the stage's own thread
 
@@ -177,8 +177,10 @@ def run(
         tier_used = pool.tier
         stage.warnings += pool.warnings
         bk = backend_obj
-        # The zygote pre-imports numpy and gymnasium (most of a second) while the model loads.
-        starter = threading.Thread(target=_prestart, args=(pool,), daemon=True)
+        # The zygote pre-imports numpy and gymnasium (most of a second) while the model loads, and
+        # forks the env processes of the first tick's episodes, which confine themselves meanwhile.
+        starter = threading.Thread(target=_prestart, args=(pool, min(play.max_concurrent, len(todo))),
+                                   daemon=True)
         starter.start()
         try:
             if bk is None:

@@ -68,12 +68,7 @@ class EnvWorker:
         self.episode_time: dict[str, float] = {}
         self.procs: dict[str, _Proc] = {}
         self.class_name: str | None = None
-        self.spec = {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "fsize_mb": cfg.fsize_mb,
-                     "nofile": cfg.nofile, "nproc": cfg.nproc, "max_obs_chars": cfg.max_obs_chars,
-                     "max_frame": cfg.max_frame, "seccomp": cfg.seccomp, "landlock": cfg.landlock,
-                     "scratch_mb": cfg.scratch_mb, "private_scratch": True,
-                     "scratch_budget": zygote.tier == "process", "drop_uid": zygote.drop_uid,
-                     "read_search": zygote.read_search}
+        self.spec = zygote.env_spec()
         self.compiled = _precompiled(code, cfg.max_frame // 2)
         self.spare: _Proc | None = None
         with self.lock:
@@ -125,7 +120,11 @@ class EnvWorker:
         """SIGKILL the process group; with ``wait``, reap it and say how it ended (the zygote
         does both). Without, the zygote reaps it while serving later requests."""
         try:
-            status = self.zygote.request({"op": "kill" if wait else "drop", "pid": proc.pid})
+            if wait:
+                status = self.zygote.request({"op": "kill", "pid": proc.pid})
+            else:
+                self.zygote.notify({"op": "drop", "pid": proc.pid})
+                status = {}
         except SandboxUnavailable:
             status = {"gone": True}
         proc.sock.close()
@@ -280,10 +279,16 @@ class EnvWorker:
                 raise self._die("sandbox_violation", f"a reply fails the {rej.reason} check: {rej.detail}",
                                 proc) from None
 
-    def check_env(self) -> dict:
-        """gymnasium's checker, in a process of its own (it builds and resets an instance)."""
+    def check_env(self, after: str | None = None) -> dict:
+        """gymnasium's checker (it builds, resets and steps an instance of its own). With
+        ``after``, in the process of that episode once it was played to its end (the episode's
+        results are in by then, so what the checker does cannot change them), which saves a
+        process; else in a process of its own. The process ends with it."""
         with self.lock:
-            proc, self.spare = self.spare or self._spawn(), None
+            proc = self.procs.pop(after, None) if after is not None else None
+            if proc is None:
+                proc, self.spare = self.spare or self._spawn(), None
+            self.episode_time.pop(after, None)
             try:
                 r = self._call(proc, protocol.CheckEnv(), self.cfg.reset_timeout_s * 5, "check_env")
             finally:

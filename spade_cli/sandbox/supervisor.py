@@ -147,6 +147,25 @@ class Zygote:
         except OSError:
             return "no log"
 
+    def env_spec(self) -> dict:
+        """What every env process of this zygote is confined with: the same for every source,
+        stage and episode (the zygote keeps children confined for one spec ready)."""
+        cfg = self.cfg
+        return {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "fsize_mb": cfg.fsize_mb,
+                "nofile": cfg.nofile, "nproc": cfg.nproc, "max_obs_chars": cfg.max_obs_chars,
+                "max_frame": cfg.max_frame, "seccomp": cfg.seccomp, "landlock": cfg.landlock,
+                "scratch_mb": cfg.scratch_mb, "private_scratch": True,
+                "scratch_budget": self.tier == "process", "drop_uid": self.drop_uid,
+                "read_search": self.read_search}
+
+    def notify(self, msg: dict) -> None:
+        """A request the zygote does not answer (``drop``)."""
+        with self.lock:
+            try:
+                self.sock.send(protocol.pack(msg)[4:])
+            except OSError as exc:
+                raise SandboxUnavailable(f"the sandbox zygote stopped answering ({exc})") from None
+
     def request(self, msg: dict, fds: tuple[int, ...] = ()) -> dict:
         with self.lock:
             try:
@@ -212,13 +231,19 @@ class SandboxPool:
                     self.warnings += [w for w in z.warnings if w not in self.warnings]
             return z
 
-    def prestart(self, hash_seeds: tuple[int, ...] = (0,)) -> None:
-        """Start several zygotes at once (each pre-imports for ~0.3 s; in parallel they overlap)."""
+    def prestart(self, hash_seeds: tuple[int, ...] = (0,), episodes: int = 0) -> None:
+        """Start several zygotes at once (each pre-imports for ~0.3 s; in parallel they overlap).
+        ``episodes``: how many episodes the caller will start at once; the first zygote forks
+        that many env processes ahead (at most ``worker.MAX_PREFORK``), which confine themselves
+        while the caller does something else (rollout: loading the model)."""
         threads = [threading.Thread(target=self.zygote, args=(s,)) for s in hash_seeds]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if episodes > 1 and hash_seeds:
+            z = self.zygote(hash_seeds[0])
+            z.request({"op": "prefork", "spec": z.env_spec(), "n": episodes})
 
     def open(self, code: str, env_id: str = "", hash_seed: int = 0):
         """A confined process running ``code``; raises EnvError when the source does not load."""

@@ -289,6 +289,37 @@ def test_each_episode_starts_in_a_fresh_process(tier_pool) -> None:  # noqa: F81
     assert len(set(pids)) == 4  # four processes
 
 
+FD_SCAN = """
+import os, stat
+socks = []
+for fd in range(256):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            socks.append(fd)
+    except OSError:
+        pass
+obs = 'sockets=%d' % len(socks)
+"""
+
+
+def test_env_processes_forked_ahead_hold_no_siblings_sockets(tier_pool) -> None:  # noqa: F811
+    """Rollout's first tick finds its env processes forked ahead, many waiting at once: each must
+    hold its own protocol socket and nothing of its waiting siblings (the zygote's ends of their
+    hand-off sockets would let one env hand another its own channel)."""
+    pool, _ = tier_pool
+    pool.prestart((0,), episodes=12)
+    workers = [pool.open(env(FD_SCAN) + f"\nVARIANT = {i}\n", f"fds{i}") for i in range(4)]
+    seen = []
+    for w in workers:
+        for ep in range(3):
+            w.reset(f"ep{ep}", ep)
+            seen.append(w.step(f"ep{ep}", "x")[0])
+            w.close_episode(f"ep{ep}")
+        w.close()
+    assert seen == ["sockets=1"] * 12
+    assert_pool_serves(pool)
+
+
 def test_no_episode_learns_its_position_from_pids_or_uids(tier_pool) -> None:  # noqa: F811
     """Pids count up: an env seeing its own would know how many episodes of the stage ran before
     it. Each env process is pid 1 of a pid namespace of its own, and (as root) its uid is drawn."""
