@@ -11,11 +11,12 @@ The checks, in order:
    ``too_large``, ``syntax_error``, ``no_env_class``).
 2. ``import`` — the source runs in its own confined process (``import_error``, ``import_timeout``,
    ``no_env_class`` when not exactly one ``gymnasium.Env`` subclass is defined, ``output_flood``).
-3. ``gym_check_env`` — gymnasium's own checker when the env declares its spaces; advisory, its
-   warnings land in ``stats.warnings``.
-4. ``contract`` — episodes under a scripted policy, two degenerate ones (empty text, a fixed
+3. ``contract`` — episodes under a scripted policy, two degenerate ones (empty text, a fixed
    string) and random text; every reset/step result is checked (types, arity, finite real reward,
-   bool flags, JSON-safe info, bounded observation, deadlines).
+   bool flags, JSON-safe info, bounded observation, deadlines). The import's process plays the
+   first of them.
+4. ``gym_check_env`` — gymnasium's own checker when the env declares its spaces, in the last
+   contract episode's process after that episode; advisory, its warnings land in ``stats.warnings``.
 5. ``return_range`` — every episode's return lies in [0, 1].
 6. ``determinism`` — the scripted episode again, in a process started with another
    ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe episode runs in a fresh
@@ -110,8 +111,9 @@ def static_checks(code: object, max_chars: int, ch: Checks) -> bool:
     return ch.add("env_class", True, ", ".join(envish), t0)
 
 
-def play(worker, episode: str, seed: int, policy: Callable[[int], str], max_steps: int) -> dict:
-    """One episode; returns its observations, rewards and a digest of everything the env said."""
+def play(worker, episode: str, seed: int, policy: Callable[[int], str], max_steps: int, keep: bool = False) -> dict:
+    """One episode; returns its observations, rewards and a digest of everything the env said.
+    ``keep``: leave its process open (for ``worker.check_env(after=episode)``)."""
     obs, info = worker.reset(episode, seed)
     observations, rewards, trace = [obs], [], [obs, info]
     terminated = truncated = False
@@ -125,7 +127,8 @@ def play(worker, episode: str, seed: int, policy: Callable[[int], str], max_step
         trace += [obs, reward, terminated, truncated, info]
         if terminated or truncated:
             break
-    worker.close_episode(episode)
+    if not keep:
+        worker.close_episode(episode)
     digest = hashlib.sha256(json.dumps(trace, sort_keys=True, default=str).encode()).hexdigest()
     return {"obs": observations, "return": sum(rewards), "steps": len(rewards), "done": terminated or truncated,
             "digest": digest, "times": times}
@@ -164,23 +167,6 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
         ch.add("import", True, f"class {worker.class_name}", t0)
 
-        # check_env uses up the import process: it builds, resets and steps an instance, so a
-        # contract episode played after it in the same process could see that (module state, a
-        # reset count) and know it is being validated. Each episode below thus starts clean.
-        t0 = time.perf_counter()
-        try:
-            res = worker.check_env()
-            stats["warnings"] += [f"gymnasium check_env: {w}" for w in res.get("warnings", [])]
-            if res.get("error"):
-                stats["warnings"].append(f"gymnasium check_env: {res['error']}")
-            ch.add("gym_check_env", True, res.get("skipped") or res.get("error") or "passed", t0)
-        except EnvError as err:  # advisory, unless it killed the process
-            stats["warnings"].append(f"gymnasium check_env: {err.reason}: {err.detail}")
-            ch.add("gym_check_env", True, f"advisory: {err.reason}", t0)
-            if not worker.alive:
-                worker = pool.open(design.code, design.env_id, hash_seed=0)
-                workers.append(worker)
-
         t0 = time.perf_counter()
         policies = {"scripted": lambda t: SCRIPTED[t % len(SCRIPTED)], "empty": lambda t: "",
                     "fixed": lambda t: FIXED, "random": _random_policy(seed + 3)}
@@ -192,7 +178,7 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         # (fork, copy-on-write faults, exit), not waiting, so parallel episodes would only queue.
         try:
             for name, policy in policies.items():
-                episodes[name] = play(worker, name, seeds[name], policy, max_steps)
+                episodes[name] = play(worker, name, seeds[name], policy, max_steps, keep=name == "random")
         except EnvError as err:
             ch.add("contract", False, err.detail, t0, err.reason)
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
@@ -203,6 +189,20 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         if not episodes["scripted"]["done"]:
             stats["warnings"].append(f"no termination within {max_steps} steps of the scripted policy")
         ch.add("contract", True, f"{len(episodes)} episodes, {steps} steps", t0)
+
+        # gymnasium's checker builds, resets and steps an instance: in the last contract
+        # episode's process once that episode is over, so no episode is played after it in a
+        # process that could have seen it (module state, a reset count) and known it is validated.
+        t0 = time.perf_counter()
+        try:
+            res = worker.check_env(after="random")
+            stats["warnings"] += [f"gymnasium check_env: {w}" for w in res.get("warnings", [])]
+            if res.get("error"):
+                stats["warnings"].append(f"gymnasium check_env: {res['error']}")
+            ch.add("gym_check_env", True, res.get("skipped") or res.get("error") or "passed", t0)
+        except EnvError as err:  # advisory, even when it killed the process
+            stats["warnings"].append(f"gymnasium check_env: {err.reason}: {err.detail}")
+            ch.add("gym_check_env", True, f"advisory: {err.reason}", t0)
 
         t0 = time.perf_counter()
         bad = {k: e["return"] for k, e in episodes.items() if not return_in_range(e["return"])}

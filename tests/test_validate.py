@@ -89,8 +89,8 @@ def test_benign_envs_pass_and_manifest(tmp_path: Path) -> None:
     got = read(out)
     assert [g["valid"] for g in got] == [True] * len(rows), [(g["reason"], g["checks"][-1]) for g in got]
     names = [c["name"] for c in got[0]["checks"]]
-    assert names == ["code", "size", "syntax", "env_class", "duplicate", "import", "gym_check_env",
-                     "contract", "return_range", "determinism", "hint_leak", "no_hint", "trivial",
+    assert names == ["code", "size", "syntax", "env_class", "duplicate", "import", "contract",
+                     "gym_check_env", "return_range", "determinism", "hint_leak", "no_hint", "trivial",
                      "hint_is_answer", "format_only"]
     assert got[0]["env_id"] == env_id_for(rows[0]["code"], rows[0]["hint"])
     manifest = json.loads(Path(f"{out}.manifest.json").read_text())
@@ -218,3 +218,33 @@ def _descendants(root: int) -> set[int]:
         frontier = {p for p, pp in parent.items() if pp in frontier} - out
         out |= frontier
     return out
+
+
+def test_one_process_per_episode_and_none_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process the zygote hands out plays exactly one episode: the import's process plays
+    the first contract episode and gymnasium's checker runs in the last one's, after it."""
+    from spade_cli.records import Design
+    from spade_cli.sandbox import SandboxConfig, SandboxPool
+    from spade_cli.sandbox.supervisor import Zygote
+    from stages.validate import validate_design
+
+    handed: list[int] = []
+    real = Zygote.request
+
+    def counting(self, msg, fds=()):
+        reply = real(self, msg, fds)
+        if msg.get("op") == "spawn" and "pid" in reply:
+            handed.append(reply["pid"])
+        return reply
+
+    monkeypatch.setattr(Zygote, "request", counting)
+    name = "arithmetic_chain.py"  # declares its spaces, so gymnasium's checker runs for real
+    d = Design(code=(BENIGN_DIR / name).read_text(), hint=HINTS[name])
+    with SandboxPool(SandboxConfig()) as pool:
+        fields = validate_design(d, pool, max_steps=16, seed=0, trivial_return=0.8)
+    assert fields["valid"], fields["reason"]
+    checks = {c["name"]: c for c in fields["checks"]}
+    assert checks["gym_check_env"]["detail"] == "passed", checks["gym_check_env"]
+    probe_episodes = sum(p["episodes"] for p in fields["stats"]["probes"].values())
+    # 4 contract episodes, 1 determinism episode, the probes; no process for the import or the checker
+    assert len(handed) == 4 + 1 + probe_episodes, (len(handed), probe_episodes)
