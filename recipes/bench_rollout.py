@@ -11,6 +11,8 @@ sandbox, then prints, from the same run:
   printed apart), and the cost of a sandboxed env step as a ratio against
   the same env stepped in-process (a baseline measured in the same run).
 
+As in ``spade rollout``, the first tick's env processes are forked ahead while the model loads
+(here a ``--model-load-s`` pause stands in for the load; ``--no-prefork`` is the baseline without).
 The tiny model generates in microseconds, so its sandbox share is an upper bound; ``--size small``
 gives a model closer to real proportions. Example::
 
