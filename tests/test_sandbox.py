@@ -6,6 +6,7 @@ import json
 import os
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -173,6 +174,35 @@ def test_workers_in_parallel_threads(pool: SandboxPool) -> None:
 
 
 @pytest.mark.integration
+def _children(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return {int(x) for x in fh.read().split()}
+
+
+def test_prestart_forks_the_first_ticks_env_processes_ahead() -> None:
+    """``prestart(episodes=n)`` leaves n confined children waiting in the zygote, and the next n
+    episodes start in them (oldest first) instead of in processes forked on demand."""
+    with SandboxPool(SandboxConfig(tier="process")) as fresh:
+        fresh.prestart((0,))
+        zyg = fresh.zygote(0).proc.pid  # the process tier's zygote is spade's own child
+        assert len(_children(zyg)) == 0  # nothing asked for yet, nothing forked
+        fresh.prestart((0,), episodes=6)
+        deadline = time.monotonic() + 10
+        while len(_children(zyg)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        waiting = _children(zyg)
+        assert len(waiting) == 6
+        w = fresh.open(COUNTER, "ahead")
+        played = set()
+        for i in range(6):
+            w.reset(f"e{i}", i)
+            played.add(w.procs[f"e{i}"].pid)
+            w.step(f"e{i}", "x")
+            w.close_episode(f"e{i}")
+        w.close()
+        assert played <= waiting and len(played) == 6  # the six episodes ran in the six forked ahead
+
+
 def test_dead_worker_stays_dead_and_pool_recovers(pool: SandboxPool) -> None:
     w = pool.open(COUNTER.replace("self.n += 1", "self.n += 1\n        while action == 'hang': pass"))
     w.reset("e", 0)
