@@ -174,11 +174,12 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         # env it is being validated; every episode runs in a fresh process, as in rollout.
         seeds = {name: episode_seed(seed, VALIDATION_ITERATION, design.env_id, i) for i, name in enumerate(policies)}
         episodes: dict[str, dict] = {}
+        last = list(policies)[-1]  # its process stays open for gymnasium's checker
         # In sequence: --workers designs at once already fill the cores, and an episode costs CPU
         # (fork, copy-on-write faults, exit), not waiting, so parallel episodes would only queue.
         try:
             for name, policy in policies.items():
-                episodes[name] = play(worker, name, seeds[name], policy, max_steps, keep=name == "random")
+                episodes[name] = play(worker, name, seeds[name], policy, max_steps, keep=name == last)
         except EnvError as err:
             ch.add("contract", False, err.detail, t0, err.reason)
             return {"valid": False, "reason": ch.reason, "checks": ch.items, "stats": stats}
@@ -195,7 +196,7 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         # process that could have seen it (module state, a reset count) and known it is validated.
         t0 = time.perf_counter()
         try:
-            res = worker.check_env(after="random")
+            res = worker.check_env(after=last)
             stats["warnings"] += [f"gymnasium check_env: {w}" for w in res.get("warnings", [])]
             if res.get("error"):
                 stats["warnings"].append(f"gymnasium check_env: {res['error']}")
