@@ -8,7 +8,8 @@
 # 1. `spade init-model --size small`: a random 13M-parameter Qwen3 with a locally trained tokenizer.
 # 2. `spade warmstart --pool starter --agent-episodes N`: a short SFT on the episodes of scripted
 #    solvers of the four starter envs (spade_cli/solvers.py; a share AGENT_NOISE of their replies
-#    random), so the Agent wins part of each episode and GRPO groups have reward spread, plus
+#    random, none by default), which the model imitates well enough to win part of each episode
+#    and not all of it, so GRPO groups have reward spread, plus
 #    WARM_EPOCHS Designer prompts per starter env with the env as the target. At this size that
 #    teaches the Designer the answer format only: it needs far more epochs to write a valid env
 #    (README). (A real run starts from a Qwen3 checkpoint and skips this.)
@@ -47,7 +48,7 @@ fi
 ITERS="${ITERS:-3}"
 WARM_EPOCHS="${WARM_EPOCHS:-2}"         # Designer prompts per starter env (format only: see README)
 AGENT_EPISODES="${AGENT_EPISODES:-192}"  # solver seeds per starter env (hinted + unhinted)
-AGENT_NOISE="${AGENT_NOISE:-0.2}"
+AGENT_NOISE="${AGENT_NOISE:-0}"       # random replies of the solvers (0.2 made a far weaker Agent: README)
 N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-16}" MAX_TURNS="${MAX_TURNS:-6}" REPLAY="${REPLAY:-4}"
 EVAL_K="${EVAL_K:-32}"                   # held-out seeds per env
 AGENT_LR="${AGENT_LR:-1e-4}"            # 1e-3 made the held-out return fall (README)

@@ -3,8 +3,11 @@
 A random model warm-started only as a Designer plays every environment as noise: all returns are
 0, every GRPO group of the Agent has zero variance, and the Agent never trains. `spade warmstart
 --agent-episodes N` fixes that by also imitating these plain Python policies, which read the
-observations and reply with an action. With ``noise`` the policy replies at random some of the
-time, so the imitated Agent is good but not perfect: partial success is what gives GRPO variance.
+observations and reply with an action. The model imitates them imperfectly, and that partial
+success is what gives GRPO variance. ``noise`` makes the policy reply at random some of the time;
+the default is 0, because a noisy teacher mostly teaches noise: with 192 episodes per env the small
+model reached a held-out return of 0.29 imitating 20% noise and 0.77 / 0.53 (two seeds) imitating
+none, still short of solving three of the four envs (README).
 
 The samples are made by the rollout engine itself (``spade_cli.episodes.Engine``) in the real
 sandbox, with a scripted backend in place of the model, so prompt, chat template, splicing and the

@@ -97,7 +97,7 @@ def pick_envs(pool: str, max_examples: int | None) -> list[dict]:
 def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12, learning_rate: float = 2e-3,
         batch_size: int = 2, max_examples: int | None = None, seed: int = 0, corpus: str | None = None,
         grounding: bool = True, excerpt_chars: int = 300, example: bool = False,
-        enable_thinking: bool = False, agent_episodes: int = 0, agent_noise: float = 0.3,
+        enable_thinking: bool = False, agent_episodes: int = 0, agent_noise: float = 0.0,
         agent_max_turns: int = 16, agent_thinking: bool = True, config: dict | None = None,
         force: bool = False) -> dict:
     """Fine-tune ``model`` on the pool and write the checkpoint to ``out`` (a directory).

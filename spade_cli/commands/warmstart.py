@@ -42,7 +42,8 @@ def warmstart(
                                                 help="Also warm-start the Agent: seeds per env with a scripted solver.")]
     = 0,
     agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0,
-                                               help="Share of the solver's actions that are random.")] = 0.3,
+                                               help="Share of the solver's actions that are random "
+                                                    "(0: imitating noise mostly taught noise).")] = 0.0,
     agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1,
                                                  help="Turn cap of the solver episodes (rollout's --max-turns).")]
     = 16,
