@@ -173,12 +173,12 @@ def test_workers_in_parallel_threads(pool: SandboxPool) -> None:
         w.close()
 
 
-@pytest.mark.integration
 def _children(pid: int) -> set[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as fh:
         return {int(x) for x in fh.read().split()}
 
 
+@pytest.mark.integration
 def test_prestart_forks_the_first_ticks_env_processes_ahead() -> None:
     """``prestart(episodes=n)`` leaves n confined children waiting in the zygote, and the next n
     episodes start in them (oldest first) instead of in processes forked on demand."""
@@ -203,6 +203,7 @@ def test_prestart_forks_the_first_ticks_env_processes_ahead() -> None:
         assert played <= waiting and len(played) == 6  # the six episodes ran in the six forked ahead
 
 
+@pytest.mark.integration
 def test_dead_worker_stays_dead_and_pool_recovers(pool: SandboxPool) -> None:
     w = pool.open(COUNTER.replace("self.n += 1", "self.n += 1\n        while action == 'hang': pass"))
     w.reset("e", 0)
