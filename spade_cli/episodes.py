@@ -188,6 +188,7 @@ class Episode:
     worker: Any = None  # the worker holding this episode's env; another one means replay first
     context: list[int] | None = None  # think_context drop: the next prompt as the model sees it
     turn_prompts: list[dict] = field(default_factory=list)  # drop: each turn's prompt and reply span
+    reply_ends: list[int] = field(default_factory=list)  # where each reply ends in completion_ids
     last_prompt: list[int] = field(default_factory=list)
     pending_info: dict = field(default_factory=dict)  # reasoning figures of the pending reply
 
@@ -212,7 +213,7 @@ class Episode:
             truncated=self.truncated, error=self.error,
             tokens={"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
                     "env_mask": self.env_mask, "logprobs": self.logprobs,
-                    "think_context": think_context,
+                    "think_context": think_context, "reply_ends": self.reply_ends,
                     **({"turns": self.turn_prompts} if think_context == "drop" else {})},
             extra={"stop": self.stop, "agent_tokens": self.gen_tokens,
                    "splicing": "per_turn" if self.per_turn else "rendered"},
@@ -526,6 +527,7 @@ class Engine:
         ep.completion_ids += ids
         ep.env_mask += mask
         ep.logprobs += lps
+        ep.reply_ends.append(len(ep.completion_ids))  # per-turn credit (update_samples) needs the spans
         ep.gen_tokens += sum(mask)
         self.stats.gen_tokens += sum(mask)
         body = ids[:-1] if ids and ids[-1] == self.eos else ids

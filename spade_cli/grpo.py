@@ -250,6 +250,7 @@ class Sample:
     mask: list[int]  # 1 = trained token
     sampler_logps: list[float] | None  # stored by the sampler (0.0 at masked tokens); None: unknown
     advantage: float = 0.0
+    token_advantages: list[float] | None = None  # per completion token (turn credit); else advantage
     old_logps: list[float] | None = None  # the trainer's, before the first optimizer step
     temperature: float = 1.0  # the sampling temperature: training log-probs are taken at it
 
@@ -289,7 +290,7 @@ def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: A
     attn = torch.zeros((B, P + C), dtype=torch.long)
     mask = torch.zeros((B, C))
     old, sampler = torch.zeros((B, C)), torch.zeros((B, C))
-    adv, real, temp = torch.zeros(B), torch.zeros(B), torch.ones(B)
+    adv, real, temp = torch.zeros((B, C)), torch.zeros(B), torch.ones(B)
     for i, (s, live) in enumerate(rows):
         p, c = len(s.prompt_ids), len(s.completion_ids)
         ids[i, P - p:P] = torch.tensor(s.prompt_ids)
@@ -299,7 +300,8 @@ def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: A
         old[i, :c] = torch.tensor(s.old_logps if s.old_logps is not None else [0.0] * c)
         # No stored log-probs: the sampler is taken to be the trainer (TIS weight 1).
         sampler[i, :c] = old[i, :c] if s.sampler_logps is None else torch.tensor(s.sampler_logps)
-        adv[i], real[i], temp[i] = s.advantage, live, s.temperature
+        adv[i, :c] = s.advantage if s.token_advantages is None else torch.tensor(s.token_advantages)
+        real[i], temp[i] = live, s.temperature
     labels = torch.full_like(ids, -100)
     labels[:, P:] = torch.where(mask > 0, ids[:, P:], -100)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # real positions start at 0 despite left padding

@@ -13,6 +13,8 @@ Samples and groups:
   the hint" instead of the actions. Environment tokens (``env_mask`` 0) are scored by nobody.
   Episodes with an ``error`` are left out: every reason code is an environment or sandbox failure
   (DESIGN §5), and punishing the actions that happened to hit a bug teaches nothing.
+  With ``agent_credit`` ``turn`` each reply is credited with its own discounted reward-to-go
+  instead (``stages.update_samples``).
 - Designer: one sample per design with tokens, grouped by ``group_id`` (designs sampled from
   one prompt), reward = the ``designer_reward`` of its ``env_id``. Invalid designs
   (``valid`` false or no code) get ``invalid_reward``; valid designs without a score row (never
@@ -69,6 +71,8 @@ class UpdateConfig:
     scores: list[str] = field(default_factory=list)
     out: str = "ckpt"
     agent_episodes: str = "unhinted"  # unhinted | hinted | both
+    agent_credit: str = "episode"  # episode (the paper's GRPO) | turn (each reply's reward-to-go)
+    turn_gamma: float = 1.0  # the reward-to-go's discount with turn credit
     loss_type: str = "dapo"
     scale_rewards: str = "group"
     epsilon: float = 0.2
@@ -107,6 +111,11 @@ class UpdateConfig:
     keep_state_every: int = 0  # prune superseded trainer states unless updates % N == 0 (0: keep all)
     audit: bool = True
     seed: int = 0
+
+
+# Knobs added after runs existed: at their default they stay out of the manifest's config, so an
+# update written before them is still "up to date" and not refused as changed.
+_LATER_DEFAULTS = {"agent_credit": "episode", "turn_gamma": 1.0}
 
 
 def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], state: dict | None = None,
@@ -245,10 +254,13 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     for name, value, allowed in (("loss_type", cfg.loss_type, grpo.LOSS_TYPES),
                                  ("scale_rewards", cfg.scale_rewards, grpo.SCALES),
                                  ("agent_episodes", cfg.agent_episodes, ("unhinted", "hinted", "both")),
+                                 ("agent_credit", cfg.agent_credit, ("episode", "turn")),
                                  ("tis_mode", cfg.tis_mode, grpo.TIS_MODES),
                                  ("kl_reference", cfg.kl_reference, ("base", "previous"))):
         if value not in allowed:
             raise SpadeError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    if not 0.0 <= cfg.turn_gamma <= 1.0:
+        raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
     inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
     if Path(cfg.model).is_dir():
         inputs["model"] = [Path(cfg.model)]
@@ -256,7 +268,8 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     # that change the output (pruning and the audit do not). The resumed trainer state is not an
     # input fingerprint: it is write-once, and pruning it later must not make this run stale.
     semantic = {k: v for k, v in asdict(cfg).items()
-                if k not in ("designs", "rollouts", "scores", "out", "keep_state_every", "audit")}
+                if k not in ("designs", "rollouts", "scores", "out", "keep_state_every", "audit")
+                and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
     out = Path(cfg.out)
     stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():

@@ -12,6 +12,15 @@ sampler did:
   today do not, so its manifest's ``config`` (``temperature``, ``top_p``) is read instead;
 - otherwise the role's ``--*-temperature`` (or ``--temperature``) is assumed, top-p 1.
 
+Credit (``agent_credit``): by default every agent token of an episode gets the episode's advantage
+(the paper's GRPO). With ``turn`` each reply is credited with its own discounted reward-to-go
+``G_t = sum_{j>=t} turn_gamma**(j-t) * r_j`` (the per-turn rewards a rollout row records), compared
+with the same turn of the other episodes of its group: rewards earned before a reply are not
+credited to it, and with ``turn_gamma`` 0 only its own reward is. Replies are located by
+``tokens.reply_ends`` (or the turn spans of ``think_context: drop``). A turn position whose
+replies all earned the same has no signal; its tokens are left out of the loss, as zero-spread
+groups are.
+
 A sample's temperature is what it records; a role flag that disagrees with a row is refused. A
 sample drawn with top-p < 1 or top-k > 0 is trained only with the sampler correction on (its stored
 log-probs are renormalised over the nucleus, and the correction weight ``pi / q`` restricts the
@@ -61,14 +70,14 @@ def _tokens(path: Path, line: int, tokens: dict, need_env_mask: bool) -> tuple[l
     return p, c, mask, lps
 
 
-def _sequences(path: Path, line: int, tokens: dict) -> list[tuple[list, list, list, list | None]]:
-    """The training sequences of an episode. One, the whole token stream, when the context kept
-    earlier reasoning; with ``think_context: drop`` one per turn: the prompt as the model saw it
-    that turn (rebuilt from ``turns[i].prefix``/``ids``, each relative to the turn before) and that
-    turn's sampled tokens with their mask."""
+def _sequences(path: Path, line: int, tokens: dict) -> list[tuple[list, list, list, list | None, int]]:
+    """The training sequences of an episode, each with its offset in ``completion_ids``. One, the
+    whole token stream, when the context kept earlier reasoning; with ``think_context: drop`` one
+    per turn: the prompt as the model saw it that turn (rebuilt from ``turns[i].prefix``/``ids``,
+    each relative to the turn before) and that turn's sampled tokens with their mask."""
     p, c, mask, lps = _tokens(path, line, tokens, need_env_mask=True)
     if tokens.get("think_context") != "drop":
-        return [(p, c, mask, lps)]
+        return [(p, c, mask, lps, 0)]
     turns = tokens.get("turns")
     if not isinstance(turns, list):
         raise InputError(path, line, "tokens.think_context is drop but tokens.turns is not a list")
@@ -82,10 +91,44 @@ def _sequences(path: Path, line: int, tokens: dict) -> list[tuple[list, list, li
         prompt = prev[:t["prefix"]] + t["ids"]
         s, e = t["start"], t["end"]
         if any(mask[s:e]):
-            out.append((prompt, c[s:e], mask[s:e], lps[s:e] if lps is not None else None))
+            out.append((prompt, c[s:e], mask[s:e], lps[s:e] if lps is not None else None, s))
         prev, end = prompt, e
-    if sum(sum(m) for _, _, m, _ in out) != sum(mask):
+    if sum(sum(m) for _, _, m, _, _ in out) != sum(mask):
         raise InputError(path, line, "tokens.turns do not cover every agent token of completion_ids")
+    return out
+
+
+def _reply_of_token(path: Path, line: int, tokens: dict, mask: list[int]) -> tuple[list[int], int]:
+    """The index of the reply each completion token belongs to (env tokens: the next reply's), and
+    the number of replies."""
+    ends = tokens.get("reply_ends")
+    if ends is None and tokens.get("think_context") == "drop" and isinstance(tokens.get("turns"), list):
+        ends = [t.get("end") if isinstance(t, dict) else None for t in tokens["turns"]]
+    if ends is None:
+        raise InputError(path, line, "--agent-credit turn needs tokens.reply_ends, which spade rollout "
+                                     "records since per-turn credit exists; roll out again or train with "
+                                     "--agent-credit episode")
+    n = len(mask)
+    # Two equal ends are an empty reply (the context budget left no room for it).
+    if not _ids(ends) or any(b < a for a, b in zip(ends, ends[1:], strict=False)) or (ends and ends[-1] > n):
+        raise InputError(path, line, "tokens.reply_ends must be non-decreasing ints within completion_ids")
+    if any(mask[ends[-1] if ends else 0:]):
+        raise InputError(path, line, "tokens.reply_ends do not cover every agent token of completion_ids")
+    out, j = [], 0
+    for i in range(n):
+        while j < len(ends) and i >= ends[j]:
+            j += 1
+        out.append(j)
+    return out, len(ends)
+
+
+def _turn_returns(rewards: list[float], replies: int, gamma: float) -> list[float]:
+    """Discounted reward-to-go of each reply; a reply that was never stepped earned 0."""
+    r = (list(rewards) + [0.0] * replies)[:replies]
+    out, acc = [0.0] * replies, 0.0
+    for t in range(replies - 1, -1, -1):
+        acc = r[t] + gamma * acc
+        out[t] = acc
     return out
 
 
@@ -161,7 +204,10 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     # One entry per Agent episode: its reward and its samples (one, or one per turn when the
     # context dropped earlier reasoning). Advantages are computed over episodes, not sequences,
     # so an episode weighs the same in its group whatever its number of turns.
-    episodes: list[tuple[tuple, float, list[Sample]]] = []
+    # With turn credit an entry also has each reply's reward-to-go and, per sample, the reply of
+    # each of its tokens.
+    episodes: list[tuple[tuple, float, list[Sample], tuple | None]] = []
+    turn_credit = cfg.agent_credit == "turn"
     want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
     # A role with weight 0 is left out entirely, not multiplied by 0: its tokens would still enter
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
@@ -195,18 +241,25 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         if not tokens.get("completion_ids") or (failed and not has_agent_tokens):
             if failed:  # no sample, but still a 0 in its group's statistics
                 bump("agent", "failed_no_tokens")
-                episodes.append((group, reward, []))
+                episodes.append((group, reward, [], ([0.0], []) if turn_credit else None))
             else:
                 bump("agent", "skipped_no_tokens")
             continue
         params = sampling.of(path, rec.extra.get("sampling") or rec.extra.get("gen"))
         mine = []
-        for p, c, mask, lps in _sequences(path, line, tokens):
+        seqs = _sequences(path, line, tokens)
+        for p, c, mask, lps, _ in seqs:
             temp = _resolve(cfg, "agent", path, line, params, lps is not None)
             mine.append(Sample("agent", group, reward, p, c, mask, lps, temperature=temp))
+        credit = None
+        if turn_credit:
+            reply, replies = _reply_of_token(path, line, tokens, tokens["env_mask"])
+            rewards_t = [] if failed else [float(t.get("reward") or 0.0) for t in rec.turns if isinstance(t, dict)]
+            credit = (_turn_returns(rewards_t, replies, cfg.turn_gamma),
+                      [reply[start:start + len(c)] for _, c, _, _, start in seqs])
         if failed:
             bump("agent", "failed_reward0")
-        episodes.append((group, reward, mine))
+        episodes.append((group, reward, mine, credit))
 
     for path, line, rec in read_rows(cfg.designs, ("spade.validation", "spade.design")) if use_designs else []:
         assert isinstance(rec, Design)
@@ -234,7 +287,8 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         samples.append(Sample("designer", group, reward, p, c, mask, lps, temperature=temp))
 
     kept: list[Sample] = []
-    units = {"agent": episodes, "designer": [(s.group, s.reward, [s]) for s in samples if s.role == "designer"]}
+    units = {"agent": [u[:3] for u in episodes],
+             "designer": [(s.group, s.reward, [s]) for s in samples if s.role == "designer"]}
     for role in ("agent", "designer"):
         mine = units[role]
         if not mine:
@@ -245,6 +299,9 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         live = {g for (g, _, _), k in zip(mine, keep.tolist(), strict=True) if k}
         counts[role].update(samples=sum(len(u[2]) for u in mine), groups=len(groups),
                             zero_spread_groups=len(groups - live))
+        if role == "agent" and turn_credit:
+            kept += _credit_turns(episodes, cfg.scale_rewards, counts[role])
+            continue
         for (_, _, seqs), a, k in zip(mine, adv.tolist(), keep.tolist(), strict=True):
             for s in seqs if k else []:
                 s.advantage = a
@@ -253,3 +310,33 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         if given and not used:
             counts[role]["left_out"] = "weight 0"
     return kept, counts
+
+
+def _credit_turns(episodes: list, scale: str, counts: dict) -> list[Sample]:
+    """Per-token advantages from each reply's reward-to-go, baselined by the same turn of the other
+    episodes of its group; the tokens of a turn position without spread leave the loss."""
+    import torch
+
+    from spade_cli import grpo
+
+    labels, values, where = [], [], []
+    for e, (group, _, _, (returns, _)) in enumerate(episodes):
+        for t, g in enumerate(returns):
+            labels.append((group, t))
+            values.append(g)
+            where.append((e, t))
+    adv, keep = grpo.group_advantages(torch.tensor(values), labels, scale)
+    credit = {w: (a, k) for w, a, k in zip(where, adv.tolist(), keep.tolist(), strict=True)}
+    live_labels = {lb for lb, k in zip(labels, keep.tolist(), strict=True) if k}
+    counts.update(turn_positions=len(set(labels)), zero_spread_turn_positions=len(set(labels) - live_labels))
+    kept = []
+    for e, (_, _, seqs, (_, replies)) in enumerate(episodes):
+        for s, reply in zip(seqs, replies, strict=True):
+            live = [credit.get((e, t), (0.0, False)) for t in reply]
+            s.mask = [m if k else 0 for m, (_, k) in zip(s.mask, live, strict=True)]
+            s.token_advantages = [a if m else 0.0 for m, (a, _) in zip(s.mask, live, strict=True)]
+            trained = [a for m, a in zip(s.mask, s.token_advantages, strict=True) if m]
+            if trained:  # its mean, for update.json's advantage summary
+                s.advantage = sum(trained) / len(trained)
+                kept.append(s)
+    return kept

@@ -82,6 +82,12 @@ def test_tokens_align_with_the_rendered_chat_and_the_hint_stays_out(hf):
         # every agent segment decodes to an assistant message (plus its EOS when it stopped)
         replies = "".join(m["content"] for m in r.messages if m["role"] == "assistant")
         assert tok.decode(agent, skip_special_tokens=True) == tok.decode(tok.encode(replies), skip_special_tokens=True)
+        # reply_ends cut the stream into the replies, one per assistant message (turn credit uses it)
+        ends, said = t["reply_ends"], [m["content"] for m in r.messages if m["role"] == "assistant"]
+        assert len(ends) == len(said) and not any(t["env_mask"][ends[-1]:])
+        for a, b, text in zip([0, *ends], ends, said, strict=False):
+            span = [i for i, m in zip(t["completion_ids"][a:b], t["env_mask"][a:b], strict=True) if m]
+            assert tok.decode(span, skip_special_tokens=True) == tok.decode(tok.encode(text), skip_special_tokens=True)
         # env tokens hold the observations that were fed back
         env_text = tok.decode([i for i, m in zip(t["completion_ids"], t["env_mask"], strict=True) if not m])
         for turn in r.turns[:-1]:

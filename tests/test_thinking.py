@@ -118,7 +118,7 @@ def test_dropped_reasoning_trains_each_turn_on_what_the_model_saw(tiny_model):
         t = r.tokens
         assert t["think_context"] == "drop" and len(t["turns"]) == len(r.turns) == 3
         seqs = _sequences(Path("r.jsonl"), 1, t)
-        for n, (prompt, completion, mask, lps) in enumerate(seqs):
+        for n, (prompt, completion, mask, lps, _start) in enumerate(seqs):
             assert prompt == phase1[i + n]  # the prompt is what the backend saw
             # ... and the chat re-rendered with earlier reasoning removed
             chat = r.messages[:2 + 2 * n]

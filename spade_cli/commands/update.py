@@ -32,6 +32,11 @@ def update(
     scores: Annotated[list[str] | None, typer.Option("--scores", help="scores.jsonl (designer_reward per env).")] = None,
     agent_episodes: Annotated[str, _opt("--agent-episodes", "Agent samples: unhinted, hinted or both.")]
     = "unhinted",
+    agent_credit: Annotated[str, _opt("--agent-credit", "Agent credit: episode (every reply gets the "
+                                      "episode's advantage) or turn (each reply its reward-to-go).")]
+    = "episode",
+    turn_gamma: Annotated[float, _opt("--turn-gamma", "Discount of the reward-to-go with --agent-credit "
+                                      "turn (0: a reply's own reward only).", min=0.0, max=1.0)] = 1.0,
     loss_type: Annotated[str, _opt("--loss-type", "grpo, bnpo, dr_grpo or dapo (TRL's definitions).")] = "dapo",
     scale_rewards: Annotated[str, _opt("--scale-rewards", "Advantage scaling: group, batch or none.")] = "group",
     epsilon: Annotated[float, _opt("--epsilon", "PPO clip, lower side (and upper without --epsilon-high).")]
@@ -108,7 +113,7 @@ def update(
     designs, rollouts, scores = designs or [], rollouts or [], scores or []
     cfg = stage.UpdateConfig(
         model=model, designs=designs, rollouts=rollouts, scores=scores, out=str(out),
-        agent_episodes=agent_episodes, loss_type=loss_type, scale_rewards=scale_rewards, epsilon=epsilon,
+        agent_episodes=agent_episodes, agent_credit=agent_credit, turn_gamma=turn_gamma, loss_type=loss_type, scale_rewards=scale_rewards, epsilon=epsilon,
         epsilon_high=epsilon_high, delta=delta, importance_sampling_level=importance_sampling_level,
         importance_sampling=importance_sampling, tis_mode=tis_mode, tis_cap=tis_cap, tis_min=tis_min, beta=beta,
         kl_reference=kl_reference, learning_rate=learning_rate, lr_scheduler_type=lr_scheduler_type,
@@ -123,6 +128,7 @@ def update(
     for name, value, allowed in (("--loss-type", loss_type, ("grpo", "bnpo", "dr_grpo", "dapo")),
                                  ("--scale-rewards", scale_rewards, ("group", "batch", "none")),
                                  ("--agent-episodes", agent_episodes, ("unhinted", "hinted", "both")),
+                                 ("--agent-credit", agent_credit, ("episode", "turn")),
                                  ("--importance-sampling-level", importance_sampling_level,
                                   ("token", "sequence")),
                                  ("--tis-mode", tis_mode, ("token_truncate", "token_mask", "sequence_truncate",
