@@ -19,7 +19,12 @@ def test_auto_rule_leaves_the_sandbox_workers_their_cores():
     assert threads.auto_threads(16, 8) == 8
     assert threads.auto_threads(2, 8) == 1  # never below one
     env: dict[str, str] = {}
-    assert threads.resolve(None, "rollout", {"env_threads": 3}, env, cores=8) == (5, "auto")
+    # rollout's env steps run beside in-process generation only with continuous batching on hf
+    hf_continuous = {"env_threads": 3, "batching": "continuous", "backend": "hf"}
+    assert threads.resolve(None, "rollout", hf_continuous, env, cores=8) == (5, "auto")
+    assert threads.resolve(None, "rollout", {**hf_continuous, "batching": "auto"}, env, cores=8) == (8, "auto")
+    assert threads.resolve(None, "rollout", {**hf_continuous, "batching": "lockstep"}, env, cores=2) == (2, "auto")
+    assert threads.resolve(None, "rollout", {**hf_continuous, "backend": "openai"}, env, cores=2) == (2, "auto")
     assert threads.resolve(None, "validate", {"workers": None}, env, cores=4) == (1, "auto")  # 2 per core
     assert threads.resolve(None, "validate", {"workers": 1}, env, cores=4) == (3, "auto")
     assert threads.resolve(None, "warmstart", {"agent_episodes": 0}, env, cores=4) == (4, "auto")
@@ -47,6 +52,7 @@ import typer
 from spade_cli.cli import ConfigOpt, SpadeCommand, resolved_config
 app = typer.Typer()
 def rollout(ctx: typer.Context, env_threads: int = typer.Option(8, "--env-threads"),
+            batching: str = typer.Option("continuous", "--batching"), backend: str = typer.Option("hf", "--backend"),
             use_torch: bool = typer.Option(False, "--torch"), config: ConfigOpt = None) -> None:
     from spade_cli import threads
     out = {"omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
