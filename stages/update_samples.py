@@ -122,6 +122,17 @@ def _reply_of_token(path: Path, line: int, tokens: dict, mask: list[int]) -> tup
     return out, len(ends)
 
 
+def _turn_rewards(path: Path, line: int, turns: list) -> list[float]:
+    """The per-turn rewards of a row, checked: turn credit trains on each of them."""
+    out = []
+    for i, t in enumerate(turns):
+        r = t.get("reward") if isinstance(t, dict) else None
+        if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
+            raise InputError(path, line, f"turns[{i}].reward must be a finite number (--agent-credit turn)")
+        out.append(float(r))
+    return out
+
+
 def _turn_returns(rewards: list[float], replies: int, gamma: float) -> list[float]:
     """Discounted reward-to-go of each reply; a reply that was never stepped earned 0."""
     r = (list(rewards) + [0.0] * replies)[:replies]
@@ -254,7 +265,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         credit = None
         if turn_credit:
             reply, replies = _reply_of_token(path, line, tokens, tokens["env_mask"])
-            rewards_t = [] if failed else [float(t.get("reward") or 0.0) for t in rec.turns if isinstance(t, dict)]
+            rewards_t = [] if failed else _turn_rewards(path, line, rec.turns)
             credit = (_turn_returns(rewards_t, replies, cfg.turn_gamma),
                       [reply[start:start + len(c)] for _, c, _, _, start in seqs])
         if failed:

@@ -126,6 +126,10 @@ def test_rows_without_reply_ends_are_refused_with_their_line(tmp_path: Path) -> 
     bad["tokens"]["reply_ends"] = [5, 2]
     with pytest.raises(InputError, match=r"rollouts.jsonl:2: .*non-decreasing"):
         _collect(tmp_path, [rows[0], bad], agent_credit="turn")
+    odd = _row(1, [0.0, 0.25])
+    odd["turns"][1]["reward"] = "0.25"
+    with pytest.raises(InputError, match=r"rollouts.jsonl:2: turns\[1\].reward must be a finite number"):
+        _collect(tmp_path, [rows[0], odd], agent_credit="turn")
     short = _row(1, [0.0, 0.25])
     short["tokens"]["reply_ends"] = [2]  # the second reply's tokens belong to no reply
     with pytest.raises(InputError, match=r"rollouts.jsonl:2: .*cover every agent token"):
