@@ -15,6 +15,7 @@ _OPT = "Optimisation"
 _STATE = "Trainer state"
 # A panel of its own: beside other options its --no-... column would not fit 80 columns.
 _SAMPLER = "Importance sampling"
+_CREDIT = "Agent credit"
 
 
 def _opt(flag: str, help: str, panel: str = _LOSS, **kw: object) -> typer.models.OptionInfo:
@@ -32,11 +33,11 @@ def update(
     scores: Annotated[list[str] | None, typer.Option("--scores", help="scores.jsonl (designer_reward per env).")] = None,
     agent_episodes: Annotated[str, _opt("--agent-episodes", "Agent samples: unhinted, hinted or both.")]
     = "unhinted",
-    agent_credit: Annotated[str, _opt("--agent-credit", "Agent credit: episode (every reply gets the "
-                                      "episode's advantage) or turn (each reply its reward-to-go).")]
+    agent_credit: Annotated[str, _opt("--agent-credit", "episode (every reply gets the episode's "
+                                      "advantage) or turn (each reply its reward-to-go).", _CREDIT)]
     = "episode",
     turn_gamma: Annotated[float, _opt("--turn-gamma", "Discount of the reward-to-go with --agent-credit "
-                                      "turn (0: a reply's own reward only).", min=0.0, max=1.0)] = 1.0,
+                                      "turn (0: a reply's own reward only).", _CREDIT, min=0.0, max=1.0)] = 1.0,
     loss_type: Annotated[str, _opt("--loss-type", "grpo, bnpo, dr_grpo or dapo (TRL's definitions).")] = "dapo",
     scale_rewards: Annotated[str, _opt("--scale-rewards", "Advantage scaling: group, batch or none.")] = "group",
     epsilon: Annotated[float, _opt("--epsilon", "PPO clip, lower side (and upper without --epsilon-high).")]
