@@ -220,6 +220,11 @@ def test_a_real_update_credits_each_reply(tiny_model: Path, tmp_path: Path) -> N
             delta = [a - b for a, b in zip(after, before[r["episode_id"]], strict=True)]
             gaps.append(delta[good] - delta[1 - good])
         moved[credit] = sum(gaps) / len(gaps)
+    # the new knobs enter the manifest's config only away from their defaults, so updates written
+    # before they existed stay "up to date"
+    configs = {c: json.loads((tmp_path / f"{c}.manifest.json").read_text())["config"] for c in moved}
+    assert "agent_credit" not in configs["episode"] and configs["episode"]["turn_gamma"] == 0.0
+    assert configs["turn"]["agent_credit"] == "turn"
     # episode credit: one return for all, no spread, the model passed through unchanged
     assert moved["episode"] == 0.0
     assert json.loads((tmp_path / "episode" / "update.json").read_text())["counts"]["agent"]["zero_spread_groups"] == 1
