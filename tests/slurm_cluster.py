@@ -68,11 +68,24 @@ class Cluster:
             if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                         "OUT_OF_MEMORY", "PREEMPTED"):
                 return info
-            if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
-                # a requeued job waits out a begin-time delay before it may start again: skip it
-                self.run("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+            self.skip_begin_delay(job_id, info)
             time.sleep(1)
         raise TimeoutError(f"job {job_id} still {self.job(job_id).get('JobState')} after {timeout}s")
+
+    def skip_begin_delay(self, job_id: str, info: dict[str, str] | None = None) -> None:
+        """A requeued job waits out a begin-time delay before it may start again: shorten it to 2 s.
+        Not to 0: slurmd revokes the ended run's credential with one-second resolution, and a
+        relaunch within that second is killed as "Job credential revoked" (the job then FAILS).
+        Only a start more than 3 s away is moved, so repeated calls do not push it back."""
+        info = self.job(job_id) if info is None else info
+        if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+            return
+        try:
+            start = time.mktime(time.strptime(info.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            start = float("inf")
+        if start > time.time() + 3:
+            self.run("scontrol", "update", f"jobid={job_id}", "StartTime=now+2", check=False)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):  # slurmd, slurmctld, munged: by PID, never by name

@@ -77,8 +77,7 @@ def _when(cluster, job: str, cwd: Path, pattern: str, timeout: float = 600) -> N
         info = cluster.job(job)
         assert info.get("JobState") in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"), \
             f"job {job} {info.get('JobState')} before {pattern}: {_log(cwd)}"
-        if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
-            cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+        cluster.skip_begin_delay(job, info)
         time.sleep(0.05)
     raise TimeoutError(f"{pattern} never appeared: {_log(cwd)}")
 
@@ -150,7 +149,7 @@ def _nudge(cluster) -> None:
     for line in cluster.run("squeue", "-h", "-o", "%i %r", check=False).splitlines():
         job, _, reason = line.partition(" ")
         if reason.strip() == "BeginTime":
-            cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+            cluster.skip_begin_delay(job)
 
 
 def _finish(cluster, proc: subprocess.Popen, cwd: Path, timeout: float = 1500) -> tuple[int, str]:
