@@ -156,14 +156,14 @@ class EnvWorker:
         except OSError:
             raise protocol.FrameError("eof") from None
         view = memoryview(frame)[n:]
-        while view:  # ...unless it carries a long source or action
+        while view:  # ...unless it carries a long source or action (each write waits a SLICE at most)
             try:
                 n = os.write(proc.sock.fileno(), view)
                 view = view[n:]
             except BlockingIOError:
+                proc.reader.drain_output()  # an env blocked on its full pipe reads nothing
                 if time.monotonic() > deadline:
                     raise protocol.FrameError("timeout") from None
-                time.sleep(0.0005)
             except OSError:
                 raise protocol.FrameError("eof") from None
 

@@ -18,15 +18,19 @@ confinement and before any env code exists in the process; it is read before ``L
 So a setup failure can only be reported by trusted code: a ``SetupFailed`` that arrives later is
 just a frame of the wrong type.
 
-The supervisor side (``FrameReader``) is non-blocking and deadline-driven: it waits with
-``select.poll`` on the protocol socket and, at the same time, drains the env's stdout/stderr pipe
-into a capped sink, so a chatty env can never fill its pipe and stall a reply we are waiting for.
+The supervisor side (``FrameReader``) is deadline-driven: it waits in a blocking read of the
+protocol socket, in slices of ``SLICE`` seconds (``SO_RCVTIMEO``), and drains the env's
+stdout/stderr pipe into a capped sink between slices. A blocking read is the fastest wake-up a
+reply can get: ``poll`` and then ``read`` cost 20 to 25 us more per round trip when the two
+processes sit on different cores (45 against 25 us on this project's 2-core machine). A chatty env
+can still not stall a reply for long: once its pipe is full it blocks, the slice ends, the sink
+takes the pipe's contents and the env goes on.
 """
 
 from __future__ import annotations
 
 import os
-import select
+import socket
 import struct
 import time
 from typing import Any
@@ -34,6 +38,9 @@ from typing import Any
 import msgspec
 
 HEADER = struct.Struct(">I")
+# How long one blocking read or write of the supervisor waits before it looks at the env's output
+# pipe and its deadline again.
+SLICE = 0.02
 # The env side of this module runs in the env's interpreter, where the env may patch builtins
 # (``builtins.len = ...``): the names it uses are bound here, at import, in the zygote.
 len, memoryview, bytes = len, memoryview, bytes  # noqa: PLW0127
@@ -195,32 +202,36 @@ class OutputSink:
 
 
 class FrameReader:
-    """Supervisor-side reader of one non-blocking protocol fd plus an optional output pipe.
+    """Supervisor-side reader of one protocol socket plus an optional output pipe.
 
     ``max_output`` caps what this one process may print; ``sink`` may be shared by several
-    readers (the processes of one env) so its tail shows the latest output of any of them.
+    readers (the processes of one env) so its tail shows the latest output of any of them. The
+    socket becomes blocking with ``SLICE``-second send and receive timeouts (``send_all`` keeps its
+    deadline with them); the pipe is drained between slices and whenever the socket ends.
     """
 
     def __init__(self, fd: int, out_fd: int | None, sink: OutputSink, max_frame: int, max_output: int):
         self.fd, self.out_fd, self.sink = fd, out_fd, sink
         self.max_frame, self.max_output, self.printed = max_frame, max_output, 0
         self.buf = bytearray()
-        os.set_blocking(fd, False)
+        os.set_blocking(fd, True)
+        sock = socket.socket(fileno=fd)  # a view of the fd, to set its options; detached below
+        try:
+            slice_ = struct.pack("ll", 0, int(SLICE * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, slice_)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_)
+        finally:
+            sock.detach()
         if out_fd is not None:
             os.set_blocking(out_fd, False)
-        self.poller = select.poll()
-        self.poller.register(fd, select.POLLIN)
-        if out_fd is not None:
-            self.poller.register(out_fd, select.POLLIN)
 
-    def _drain_output(self) -> None:
+    def drain_output(self) -> None:
         while self.out_fd is not None:
             try:
                 data = os.read(self.out_fd, 1 << 16)
             except BlockingIOError:
                 return
             if not data:  # the env closed its end; stop watching it
-                self.poller.unregister(self.out_fd)
                 os.close(self.out_fd)
                 self.out_fd = None
                 return
@@ -242,30 +253,28 @@ class FrameReader:
         return body
 
     def read(self, deadline: float) -> bytes | memoryview:
-        """One frame's body, or FrameError when the deadline (``time.monotonic``) passes first."""
+        """One frame's body, or FrameError when the deadline (``time.monotonic``) passes first
+        (noticed within one ``SLICE``)."""
         while True:
             body = self._frame_ready()
             if body is not None:
                 return body
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise FrameError("timeout")
-            events = self.poller.poll(max(1, int(left * 1000)) if left < 3600 else 3600_000)
-            for fd, _ev in events:
-                if fd == self.out_fd:
-                    self._drain_output()
-                    continue
-                try:
-                    data = os.read(self.fd, 1 << 16)  # not 1 MiB: a buffer that size is an mmap per call
-                except BlockingIOError:
-                    continue
-                if not data:
-                    self._drain_output()
-                    raise FrameError("eof")
-                if not self.buf and len(data) >= HEADER.size:  # one read, one whole frame: no copy
-                    (size,) = HEADER.unpack_from(data)
-                    if size == len(data) - HEADER.size and size <= self.max_frame:
-                        return memoryview(data)[HEADER.size:]
-                self.buf += data
-                if len(self.buf) > self.max_frame + HEADER.size:
-                    self._frame_ready()  # raises too_large for an oversized header
+            try:
+                data = os.read(self.fd, 1 << 16)  # not 1 MiB: a buffer that size is an mmap per call
+            except BlockingIOError:  # a slice passed with nothing to read
+                self.drain_output()
+                if time.monotonic() >= deadline:
+                    raise FrameError("timeout") from None
+                continue
+            except OSError:
+                data = b""  # ECONNRESET and the like: the process is gone
+            if not data:
+                self.drain_output()
+                raise FrameError("eof")
+            if not self.buf and len(data) >= HEADER.size:  # one read, one whole frame: no copy
+                (size,) = HEADER.unpack_from(data)
+                if size == len(data) - HEADER.size and size <= self.max_frame:
+                    return memoryview(data)[HEADER.size:]
+            self.buf += data
+            if len(self.buf) > self.max_frame + HEADER.size:
+                self._frame_ready()  # raises too_large for an oversized header
