@@ -139,8 +139,9 @@ def sha256_file(path: str | Path) -> str:
 
 def fingerprint(path: str | Path) -> dict:
     """Identity of an input: sha256 and row count of a file; of a directory (a checkpoint), the
-    names and sizes of its files plus the content of the small ones (config, tokenizer), so that
-    multi-GB weights are not re-hashed by every stage."""
+    names and sizes of its files, the content of the small ones (config, tokenizer) and the first
+    and last MiB of the large ones, so that multi-GB weights are not re-hashed by every stage and
+    a checkpoint retrained in place (same files, same sizes, new weights) is still a new input."""
     p = Path(path)
     if p.is_dir():
         h = hashlib.sha256()
@@ -152,6 +153,11 @@ def fingerprint(path: str | Path) -> dict:
             h.update(f"{rel}\0{size}\0".encode())
             if size <= 4 << 20:
                 h.update(f.read_bytes())
+            else:
+                with open(f, "rb") as fh:
+                    h.update(fh.read(1 << 20))
+                    fh.seek(size - (1 << 20))
+                    h.update(fh.read(1 << 20))
         return {"path": str(p), "sha256": h.hexdigest(), "kind": "dir"}
     rows = 0
     h = hashlib.sha256()
@@ -190,6 +196,17 @@ def manifest_path(out: str | Path) -> Path:
 
 def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# Options added after runs were made, at the default that keeps the old behaviour: left out of a
+# manifest's config at that default, so a stage written before they existed stays "up to date".
+LATER_DEFAULTS = {"design": {"contract": "full"},
+                  "warmstart": {"contract": "full", "agent_pool": None, "memory_k": 12}}
+
+
+def later_defaults_dropped(config: dict[str, Any], stage: str) -> dict[str, Any]:
+    later = LATER_DEFAULTS.get(stage, {})
+    return {k: v for k, v in config.items() if not (k in later and v == later[k])}
 
 
 @dataclass

@@ -112,3 +112,26 @@ def test_a_stage_with_no_rows_still_publishes_an_empty_output(tmp_path):
     manifest = st.commit(0)
     assert (tmp_path / "out.jsonl").read_text() == "" and manifest["output"]["rows"] == 0
     assert _stage(tmp_path, inp).check() is True
+
+
+def test_a_checkpoint_retrained_in_place_is_a_new_input(tmp_path):
+    """Weights over 4 MiB are not hashed whole, but a retrain that keeps every file name and size
+    (the same architecture) still changes the fingerprint; a byte-identical copy does not."""
+    import shutil
+
+    from spade_cli.artifacts import fingerprint
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    weights = bytearray(os.urandom(12 << 20))
+    (ckpt / "model.safetensors").write_bytes(weights)
+    before = fingerprint(ckpt)["sha256"]
+    copy = tmp_path / "copy"
+    shutil.copytree(ckpt, copy)
+    assert fingerprint(copy)["sha256"] == before
+    for at in (100, len(weights) - 100):  # a change near either end of the weights
+        changed = bytearray(weights)
+        changed[at] ^= 0xFF
+        (ckpt / "model.safetensors").write_bytes(changed)
+        assert fingerprint(ckpt)["sha256"] != before
