@@ -137,7 +137,13 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def fingerprint(path: str | Path) -> dict:
+# Directory fingerprints read the ends of large files since version 2. A manifest written before
+# holds version-1 hashes (no "v"): its outputs and inputs are compared the way they were made, so
+# a run in progress resumes across the upgrade instead of calling every checkpoint changed.
+DIR_FINGERPRINT = 2
+
+
+def fingerprint(path: str | Path, version: int = DIR_FINGERPRINT) -> dict:
     """Identity of an input: sha256 and row count of a file; of a directory (a checkpoint), the
     names and sizes of its files, the content of the small ones (config, tokenizer) and the first
     and last MiB of the large ones, so that multi-GB weights are not re-hashed by every stage and
@@ -153,12 +159,12 @@ def fingerprint(path: str | Path) -> dict:
             h.update(f"{rel}\0{size}\0".encode())
             if size <= 4 << 20:
                 h.update(f.read_bytes())
-            else:
+            elif version >= 2:
                 with open(f, "rb") as fh:
                     h.update(fh.read(1 << 20))
                     fh.seek(size - (1 << 20))
                     h.update(fh.read(1 << 20))
-        return {"path": str(p), "sha256": h.hexdigest(), "kind": "dir"}
+        return {"path": str(p), "sha256": h.hexdigest(), "kind": "dir", "v": version}
     rows = 0
     h = hashlib.sha256()
     with open(p, "rb") as fh:
@@ -241,6 +247,16 @@ class Stage:
         return {"config": json.loads(json.dumps(config, sort_keys=True, default=str)),
                 "inputs": {role: sorted(fp["sha256"] for fp in fps) for role, fps in inputs.items()}}
 
+    def _as_made(self, old_inputs: dict) -> dict[str, list[dict]]:
+        """This run's input fingerprints, a directory's in the version the old manifest used."""
+        out = {}
+        for role, fps in self.inputs.items():
+            made = {fp.get("v", 1) for fp in old_inputs.get(role, []) if fp.get("kind") == "dir"}
+            v = min(made) if made else DIR_FINGERPRINT
+            out[role] = [fingerprint(fp["path"], v) if fp.get("kind") == "dir" and v != fp.get("v") else fp
+                         for fp in fps]
+        return out
+
     def status(self) -> str:
         """'new', 'up to date', or a sentence saying what changed since the finished run."""
         mpath = manifest_path(self.out)
@@ -250,10 +266,11 @@ class Stage:
             old = json.loads(mpath.read_text())
         except (OSError, json.JSONDecodeError):
             return "its manifest is unreadable"
-        if old.get("output", {}).get("sha256") not in (None, fingerprint(self.out)["sha256"]):
+        out_v = old.get("output", {}).get("v", 1) if self.out.is_dir() else DIR_FINGERPRINT
+        if old.get("output", {}).get("sha256") not in (None, fingerprint(self.out, out_v)["sha256"]):
             return f"{self.out} was modified after its manifest was written"
-        mine, theirs = self._key(self.inputs, self.config), self._key(old.get("inputs", {}),
-                                                                       old.get("config", {}))
+        mine, theirs = self._key(self._as_made(old.get("inputs", {})), self.config), \
+            self._key(old.get("inputs", {}), old.get("config", {}))
         if mine == theirs:
             return "up to date"
         changed = sorted(k for k in set(mine["config"]) | set(theirs["config"])
@@ -359,7 +376,8 @@ class Stage:
             "git_commit": _git_commit(),
             "inputs": self.inputs,
             "output": {"path": str(self.out), "rows": rows_written,
-                       "sha256": fingerprint(self.out)["sha256"] if self.out.exists() else None},
+                       "sha256": fingerprint(self.out)["sha256"] if self.out.exists() else None,
+                       **({"v": DIR_FINGERPRINT} if self.out.is_dir() else {})},
             "timings": {"wall_s": round(time.time() - self.started, 3), **self.timings},
             "warnings": self.warnings + ([f"took over the lock of a dead writer: {describe(self.taken_over)}"]
                                          if self.taken_over else []),

@@ -135,3 +135,30 @@ def test_a_checkpoint_retrained_in_place_is_a_new_input(tmp_path):
         changed[at] ^= 0xFF
         (ckpt / "model.safetensors").write_bytes(changed)
         assert fingerprint(ckpt)["sha256"] != before
+
+
+def test_a_run_made_before_the_fingerprint_change_stays_up_to_date(tmp_path):
+    """A manifest whose checkpoint fingerprints were made by version 1 (no "v": sizes and small
+    files only) is compared in version 1, so a finished stage stays up to date after the upgrade
+    and a run in progress resumes."""
+    from spade_cli.artifacts import fingerprint, manifest_path
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(os.urandom(6 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "weights.bin").write_bytes(os.urandom(6 << 20))
+    st = Stage.begin("update", out, {"a": 1}, {"model": [ckpt]}, out_kind="dir")
+    st.write_manifest(None, {})
+    m = json.loads(manifest_path(out).read_text())
+    assert m["inputs"]["model"][0]["v"] == 2 and m["output"]["v"] == 2
+    for fp in [m["inputs"]["model"][0], m["output"]]:  # as an older spade wrote them
+        fp.pop("v")
+    m["inputs"]["model"][0]["sha256"] = fingerprint(ckpt, 1)["sha256"]
+    m["output"]["sha256"] = fingerprint(out, 1)["sha256"]
+    manifest_path(out).write_text(json.dumps(m))
+    assert fingerprint(ckpt, 1)["sha256"] != fingerprint(ckpt)["sha256"]
+    assert Stage.begin("update", out, {"a": 1}, {"model": [ckpt]}, out_kind="dir").status() == "up to date"
+    (ckpt / "config.json").write_text("{}")  # a real change is still seen
+    assert "inputs changed: model" in Stage.begin("update", out, {"a": 1}, {"model": [ckpt]}, out_kind="dir").status()
