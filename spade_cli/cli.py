@@ -183,7 +183,9 @@ def resolved_config(ctx: typer.Context) -> dict[str, Any]:
         if key in NON_SEMANTIC:
             continue
         out[key] = str(val) if isinstance(val, Path) else val
-    return out
+    from spade_cli.artifacts import later_defaults_dropped
+
+    return later_defaults_dropped(out, ctx.command.name or "")
 
 
 def emit(summary: dict) -> None:

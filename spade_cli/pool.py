@@ -8,7 +8,9 @@
   puzzles, planning and text games. It doubles as the worked example in the Designer's prompt.
   ``--pool starter`` names four short environments used to warm-start small models: rounds of
   copying, a rule, a successor and a lookup, each scored a quarter per round, so a small model
-  wins part of an episode and GRPO groups have reward spread.
+  wins part of an episode and GRPO groups have reward spread. ``--pool family`` generates 52
+  envs of one skeleton (rule x feedback x scoring, ``spade_cli/family.py``): what the quickstart
+  warm-starts its Designer on.
 - a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
   embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),
@@ -54,12 +56,30 @@ BUNDLED_POOL = Path(__file__).resolve().parent / "data" / "pool"
 # Four short environments (~800 bytes each) that a 13M-parameter model learns in minutes on a CPU:
 # the quickstart warm-starts its Designer on them (`spade warmstart --pool starter`).
 STARTER_POOL = Path(__file__).resolve().parent / "data" / "starter"
-NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL}
+# ``family``: the generated skeleton x rule x feedback x scoring envs (spade_cli/family.py), the
+# quickstart Designer's warm-start targets. Its "path" is the generator, so a stage that reads it
+# is out of date when the generator changes.
+FAMILY_POOL = Path(__file__).resolve().parent / "family.py"
+NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL, "family": FAMILY_POOL}
 
 
 def pool_path(spec: str) -> Path:
-    """A pool folder or file from a spec: ``bundled``, ``starter`` or a path."""
+    """A pool folder or file from a spec: ``bundled``, ``starter``, ``family`` or a path."""
     return NAMED_POOLS.get(spec, Path(spec))
+
+
+def load_envs(spec: str) -> list[dict]:
+    """``{name, title, code, hint, source}`` of every environment of a named pool, folder or file."""
+    if spec == "family":
+        from spade_cli import family
+
+        return [{**e, "source": f"family:{e['name']}"} for e in family.members(0)]
+    path = pool_path(spec)
+    if path.is_dir():
+        return load_folder(path)
+    if path.is_file():
+        return load_jsonl(path)
+    raise InputError(path, None, "no such pool folder or file (or use rg:NAME,..., 'bundled', 'starter' or 'family')")
 
 
 RG_ITEMS = 8
@@ -257,14 +277,7 @@ def load_pool(spec: str, n: int, seed: int, iteration: int) -> list[dict]:
         if not tasks:
             raise SpadeError("--pool rg: needs at least one reasoning-gym task name, e.g. rg:leg_counting")
         return [rg_design(tasks[i % len(tasks)], seed, iteration, i // len(tasks)) for i in range(n)]
-    path = pool_path(spec)
-    if path.is_dir():
-        envs = load_folder(path)
-    elif path.is_file():
-        envs = load_jsonl(path)
-    else:
-        raise InputError(path, None, "no such pool folder or file (or use rg:NAME,... or 'bundled')")
-    return pick(envs, n, seed, iteration)
+    return pick(load_envs(spec), n, seed, iteration)
 
 
 def pool_rows(envs: list[dict], iteration: int, seed: int) -> list[Design]:

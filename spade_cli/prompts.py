@@ -61,6 +61,21 @@ Title: <a short title>
 Hint: <the privileged hint, a few sentences>
 """
 
+# The same request in a few lines, for a small model that cannot use the full contract and pays
+# for every prompt token in its warm start and its updates (`--contract short`; the quickstart's).
+SHORT_SYSTEM = """\
+You are the Designer. Write a training environment for a text agent: a Python module with one \
+gymnasium.Env subclass whose step(action: str) returns (observation, reward, terminated, \
+truncated, info) and whose return lies in [0, 1], and a privileged hint that makes it easier.
+Answer as:
+Title: <a short title>
+```python
+<the complete module>
+```
+Hint: <the hint>
+"""
+CONTRACTS = {"full": SYSTEM, "short": SHORT_SYSTEM}
+
 INTRO_EXAMPLE = "Here is an example of a complete answer in the required format."
 NO_DOC = ("Choose any domain you like for the new environment.")
 REQUEST = ("Now design a NEW environment{grounded}. Make it different from the example and from "
@@ -130,12 +145,15 @@ def format_answer(title: str, code: str, hint: str) -> str:
 
 
 def build_messages(example: dict | None, doc_text: str | None, memory_text: str | None,
-                   signal: str = "regret") -> list[dict]:
+                   signal: str = "regret", contract: str = "full") -> list[dict]:
     """The Designer prompt as chat messages. ``example`` is ``{title, code, hint}``, or None for a
     compact prompt without a worked example (the system message still states the format);
-    ``signal`` (a key of ``AIMS``) is the Designer reward `spade regret` will use."""
+    ``signal`` (a key of ``AIMS``) is the Designer reward `spade regret` will use; ``contract``
+    (a key of ``CONTRACTS``) is the system message: the environment contract in full, or short."""
     if signal not in AIMS:
         raise ValueError(f"unknown signal {signal!r}; choose {', '.join(AIMS)}")
+    if contract not in CONTRACTS:
+        raise ValueError(f"unknown contract {contract!r}; choose {', '.join(CONTRACTS)}")
     parts = []
     if example:
         parts += [INTRO_EXAMPLE, format_answer(example["title"], example["code"], example["hint"]).rstrip()]
@@ -149,7 +167,7 @@ def build_messages(example: dict | None, doc_text: str | None, memory_text: str 
         parts.append(memory_text)
     parts.append(REQUEST.format(grounded=" grounded in the document" if doc_text is not None else "",
                                 aim=AIMS[signal]))
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+    return [{"role": "system", "content": CONTRACTS[contract]}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
 # -- parsing ---------------------------------------------------------------------------------------

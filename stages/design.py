@@ -40,7 +40,14 @@ from typing import Any
 from spade_cli import corpus as corpus_mod
 from spade_cli import pool as pool_mod
 from spade_cli import prompts
-from spade_cli.artifacts import InputError, SpadeError, atomic_write_text, dumps, read_records
+from spade_cli.artifacts import (
+    InputError,
+    SpadeError,
+    atomic_write_text,
+    dumps,
+    later_defaults_dropped,
+    read_records,
+)
 from spade_cli.backends.thinking import Thinking, generate_thinking, unanswered
 from spade_cli.records import Design
 
@@ -63,7 +70,7 @@ def _sub_seed(*parts: Any) -> int:
 
 def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | None, grounding: bool,
                  memory: str | Path | None, excerpt_chars: int, memory_k: int = 12,
-                 example: bool = True, signal: str = "regret") -> list[dict]:
+                 example: bool = True, signal: str = "regret", contract: str = "full") -> list[dict]:
     """The ``n / group`` prompts of a run: ``{group_id, doc, messages}``, no model needed."""
     docs = corpus_mod.load_corpus(corpus) if grounding else None
     mem = read_records(memory, expect="spade.memory") if memory else []
@@ -77,7 +84,8 @@ def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | No
         if d is not None:
             text = corpus_mod.excerpt(d["text"], excerpt_chars, key=f"{d['id']}|{seed}|{iteration}|{g}")
             doc = {"id": d["id"], "source": d["source"], "text": text}
-        messages = prompts.build_messages(worked, doc["text"] if doc else None, memory_text, signal=signal)
+        messages = prompts.build_messages(worked, doc["text"] if doc else None, memory_text, signal=signal,
+                                          contract=contract)
         plan.append({"group_id": _group_id(seed, iteration, g), "doc": doc, "messages": messages})
     return plan
 
@@ -154,8 +162,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 4096, excerpt_chars: int = 1500,
         enable_thinking: bool = False, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
         example: bool = True, signal: str = "regret", top_k: int = 0, think_tokens: int | None = None,
-        answer_tokens: int | None = None, think_overflow: str = "close", config: dict | None = None,
-        force: bool = False) -> dict:
+        answer_tokens: int | None = None, think_overflow: str = "close", contract: str = "full",
+        config: dict | None = None, force: bool = False) -> dict:
     """Write ``n`` design rows to ``out`` and return the summary (see the module docstring).
 
     ``backend`` is a registry name (hf, vllm, openai, ``module:Class``) or a ready backend object.
@@ -170,7 +178,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
     if pool is None and not model and isinstance(backend, str):
         raise ValueError("pass --model (a Designer checkpoint) or --pool (a fixed environment pool)")
     if config is None:
-        config = {k: v for k, v in locals().items() if k not in ("out", "force", "Stage", "backend")}
+        config = later_defaults_dropped({k: v for k, v in locals().items()
+                                         if k not in ("out", "force", "Stage", "backend")}, "design")
         config["backend"] = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
     local = {"memory": memory}
     if pool and pool not in pool_mod.NAMED_POOLS and not pool.startswith("rg:"):
@@ -204,7 +213,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         return summary
 
     plan = plan_prompts(n, group, seed, iteration, corpus, grounding, memory, excerpt_chars, memory_k, example,
-                        signal)
+                        signal, contract)
     done = _resume_groups(stage, group)
     todo = [p for p in plan if p["group_id"] not in done]
     be = backend

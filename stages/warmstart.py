@@ -49,7 +49,8 @@ def practice_memory(envs: list[dict], seed: int, epoch: int, path: Path) -> Path
 
 def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corpus: str | None,
                   grounding: bool, excerpt_chars: int, example: bool, enable_thinking: bool,
-                  memory_pool: list[dict] | None = None) -> list[dict]:
+                  memory_pool: list[dict] | None = None, contract: str = "full",
+                  memory_k: int = 12) -> list[dict]:
     """One pre-tokenized sample per (epoch, environment), each with its own Designer prompt.
 
     Every other epoch the prompts carry a practice memory summary built from ``memory_pool``."""
@@ -71,7 +72,7 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
             # the copies as duplicates).
             [p] = plan_prompts(n=1, group=1, seed=seed, iteration=epoch, corpus=corpus,
                                grounding=grounding, memory=memory, excerpt_chars=excerpt_chars,
-                               example=example)
+                               example=example, contract=contract, memory_k=memory_k)
             prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
             for env in envs:
                 answer = prompts.format_answer(env["title"], env["code"], env["hint"])
@@ -85,8 +86,8 @@ def load_envs(pool: str) -> list[dict]:
     """The pool's environments, shortest first (cheaper to learn when only some are used)."""
     from spade_cli import pool as pool_mod
 
-    envs = pool_mod.load_folder(pool_mod.pool_path(pool))
-    return sorted(envs, key=lambda e: (len(e["code"]) + len(e["hint"]), e["name"]))
+    envs = pool_mod.load_envs(pool)
+    return sorted(envs, key=lambda e: (len(e["code"]) + len(e["hint"]), e.get("name", e["title"])))
 
 
 def pick_envs(pool: str, max_examples: int | None) -> list[dict]:
@@ -98,26 +99,37 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         batch_size: int = 2, max_examples: int | None = None, seed: int = 0, corpus: str | None = None,
         grounding: bool = True, excerpt_chars: int = 300, example: bool = False,
         enable_thinking: bool = False, agent_episodes: int = 0, agent_noise: float = 0.0,
-        agent_max_turns: int = 16, agent_thinking: bool = True, config: dict | None = None,
+        agent_max_turns: int = 16, agent_thinking: bool = True, contract: str = "full",
+        agent_pool: str | None = None, memory_k: int = 12, config: dict | None = None,
         force: bool = False) -> dict:
     """Fine-tune ``model`` on the pool and write the checkpoint to ``out`` (a directory).
 
     With ``agent_episodes`` the Agent is warm-started too: that many seeds of every pool env that
     has a scripted solver (``spade_cli.solvers``), played hinted and unhinted by the rollout engine
     with ``agent_max_turns`` and ``agent_thinking`` (use the loop's ``--max-turns`` and
-    ``--thinking``, so the prompts are the ones rollout renders)."""
-    from spade_cli.artifacts import Stage
+    ``--thinking``, so the prompts are the ones rollout renders). ``agent_pool`` (default: ``pool``)
+    is where those envs come from, so the Designer and the Agent can learn from different pools.
+    ``contract`` is the Designer prompt's system message (``spade design --contract``)."""
+    from spade_cli.artifacts import SpadeError, Stage, later_defaults_dropped
 
     envs = pick_envs(pool, max_examples)
     if not envs:
-        raise ValueError(f"the pool {pool!r} has no environments")
+        raise SpadeError(f"the pool {pool!r} has no environments")
+    if epochs == 0 and agent_episodes == 0:
+        raise SpadeError("nothing to train: epochs (Designer) and agent_episodes (Agent) are both 0")
     config = config or {"model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
                         "batch_size": batch_size, "max_examples": max_examples, "seed": seed, "corpus": corpus,
                         "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
                         "enable_thinking": enable_thinking, "agent_episodes": agent_episodes,
                         "agent_noise": agent_noise, "agent_max_turns": agent_max_turns,
-                        "agent_thinking": agent_thinking}
+                        "agent_thinking": agent_thinking, "contract": contract, "agent_pool": agent_pool,
+                        "memory_k": memory_k}
+    config = later_defaults_dropped(config, "warmstart")
+    from spade_cli import pool as pool_mod
+
     inputs = {"model": [model]} if Path(model).exists() else {}
+    # the pools are inputs too: a changed env (or family generator) makes the warm start stale
+    inputs["pool"] = sorted({str(pool_mod.pool_path(p)) for p in (pool, agent_pool) if p})
     stage = Stage.begin("warmstart", out, config, inputs, force=force, out_kind="dir")
     if stage.check():
         return {"status": "up to date", "out": str(out)}
@@ -139,15 +151,16 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model)
     samples = build_samples(tokenizer, envs, epochs, seed, corpus, grounding, excerpt_chars, example,
-                            enable_thinking, memory_pool=load_envs(pool))
+                            enable_thinking, memory_pool=load_envs(pool), contract=contract,
+                            memory_k=memory_k)
     n_designer, agent = len(samples), {}
     if agent_episodes:
         from spade_cli import solvers
 
-        rows = solvers.play(tokenizer, load_envs(pool), agent_episodes, noise=agent_noise, seed=seed,
+        rows = solvers.play(tokenizer, load_envs(agent_pool or pool), agent_episodes, noise=agent_noise, seed=seed,
                             max_turns=agent_max_turns, enable_thinking=agent_thinking)
         if not rows:
-            raise ValueError(f"the pool {pool!r} has no environment with a scripted solver "
+            raise SpadeError(f"the pool {agent_pool or pool!r} has no environment with a scripted solver "
                              f"({', '.join(solvers.SOLVERS)})")
         samples += solvers.agent_samples(rows)
         agent = {"agent_samples": len(samples) - n_designer,
@@ -179,7 +192,8 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     shutil.rmtree(tmp / "trainer", ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    summary = {"status": "ok", "out": str(out), "envs": [e["name"] for e in envs], "samples": len(samples),
+    summary = {"status": "ok", "out": str(out), "envs": [e.get("name", e["title"]) for e in envs],
+               "samples": len(samples),
                "designer_samples": n_designer, **agent,
                "tokens": sum(len(s["input_ids"]) for s in samples), "steps": result.global_step,
                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,

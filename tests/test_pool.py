@@ -360,7 +360,7 @@ def test_same_seed_same_episode(name):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("pool, count", [("bundled", len(NAMES)), ("starter", 4)])
+@pytest.mark.parametrize("pool, count", [("bundled", len(NAMES)), ("starter", 4), ("family", 52)])
 def test_every_bundled_env_passes_spade_validate(tmp_path, pool, count):
     designs, validated = tmp_path / "pool.jsonl", tmp_path / "validated.jsonl"
     res = run_spade("design", "--pool", pool, "--n", str(count), "--out", designs)

@@ -89,6 +89,10 @@ def design(
     example: Annotated[bool, typer.Option(
         "--example/--no-example", help="Show a worked example from the bundled pool in the prompt "
         "(off: a compact prompt, e.g. for a small warm-started model).", rich_help_panel=PROMPT)] = True,
+    contract: Annotated[str, typer.Option(
+        "--contract", help="The system message: the environment contract in full, or short (a few "
+        "lines, for a small warm-started model; use the same in `spade warmstart`).",
+        rich_help_panel=PROMPT)] = "full",
     chunk: Annotated[int, typer.Option(
         "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0,
         rich_help_panel=SAMPLING)]
@@ -124,6 +128,10 @@ def design(
 
     if think_overflow not in OVERFLOW:
         raise typer.BadParameter(f"choose one of {', '.join(OVERFLOW)}", param_hint="--think-overflow")
+    from spade_cli.prompts import CONTRACTS
+
+    if contract not in CONTRACTS:
+        raise typer.BadParameter(f"{contract!r} is not one of {', '.join(CONTRACTS)}", param_hint="--contract")
     if enable_thinking is None:
         enable_thinking = think_tokens is not None
     mem = None if no_memory else memory
@@ -135,7 +143,7 @@ def design(
                             excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
                             chunk=chunk, memory_k=memory_k, example=example, signal=signal, top_k=top_k,
                             think_tokens=think_tokens, answer_tokens=answer_tokens,
-                            think_overflow=think_overflow, config=cfg, force=force)
+                            think_overflow=think_overflow, contract=contract, config=cfg, force=force)
     if summary.get("status") == "ok":
         parsed = summary.get("parsed", summary["rows"])
         console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")

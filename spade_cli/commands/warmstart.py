@@ -25,7 +25,8 @@ def warmstart(
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.", file_okay=False)],
     pool: Annotated[str, typer.Option("--pool", help="'bundled', 'starter' (short envs) or a folder of NAME.py + NAME.hint.")]
     = "bundled",
-    epochs: Annotated[int, typer.Option("--epochs", help="Passes over the pool (fresh documents each).", min=1)]
+    epochs: Annotated[int, typer.Option("--epochs", help="Passes over the pool (fresh documents each); 0: "
+                                        "the Agent's solver episodes only.", min=0)]
     = 12,
     learning_rate: Annotated[float, typer.Option("--learning-rate", help="Peak learning rate (cosine).")] = 2e-3,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Samples per step.", min=1)] = 2,
@@ -49,6 +50,12 @@ def warmstart(
     = 16,
     agent_thinking: Annotated[bool, typer.Option("--agent-think/--no-agent-think",
                                                  help="Agent prompts as rollout --thinking renders them.")] = True,
+    contract: Annotated[str, typer.Option("--contract", help="The Designer prompts' system message: "
+                                          "full or short (as `spade design --contract`).")] = "full",
+    agent_pool: Annotated[str | None, typer.Option("--agent-pool", help="Where the solver episodes' envs "
+                                                   "come from (default: --pool).")] = None,
+    memory_k: Annotated[int, typer.Option("--memory-k", min=0, help="Past environments the practice "
+                                          "memory lists (as `spade design --memory-k`).")] = 12,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     force: ForceOpt = False,
@@ -62,7 +69,14 @@ def warmstart(
 
     Example: [bold]spade warmstart --model ckpt/small --out ckpt/warm --epochs 12 --max-examples 6[/]
     """
+    from spade_cli.prompts import CONTRACTS
     from stages import warmstart as stage
+
+    if epochs == 0 and agent_episodes == 0:
+        raise typer.BadParameter("nothing to train: pass --epochs N (Designer) or --agent-episodes N (Agent)",
+                                 param_hint="--epochs")
+    if contract not in CONTRACTS:
+        raise typer.BadParameter(f"{contract!r} is not one of {', '.join(CONTRACTS)}", param_hint="--contract")
 
     with console.status(f"warm-starting {model} on the {pool} pool"):
         summary = stage.run(out, model=model, pool=pool, epochs=epochs, learning_rate=learning_rate,
@@ -70,7 +84,8 @@ def warmstart(
                             grounding=grounding, excerpt_chars=excerpt_chars, example=example,
                             enable_thinking=enable_thinking, agent_episodes=agent_episodes,
                             agent_noise=agent_noise, agent_max_turns=agent_max_turns,
-                            agent_thinking=agent_thinking, config=resolved_config(ctx), force=force)
+                            agent_thinking=agent_thinking, contract=contract, agent_pool=agent_pool, memory_k=memory_k,
+                            config=resolved_config(ctx), force=force)
     if summary.get("status") == "ok":
         console.print(f"[green]wrote[/] {out}: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
                       f"{summary['final_loss']:.3f} in {summary['train_seconds']} s")
