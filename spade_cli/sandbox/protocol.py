@@ -23,13 +23,14 @@ protocol socket, in slices of ``SLICE`` seconds (``SO_RCVTIMEO``), and drains th
 stdout/stderr pipe into a capped sink between slices. A blocking read is the fastest wake-up a
 reply can get: ``poll`` and then ``read`` cost 20 to 25 us more per round trip when the two
 processes sit on different cores (45 against 25 us on this project's 2-core machine). A chatty env
-can still not stall a reply for long: once its pipe is full it blocks, the slice ends, the sink
-takes the pipe's contents and the env goes on.
+can still not stall a reply: once a slice finds output waiting, the rest of that wait is a
+``poll`` on the socket and the pipe together, draining the pipe as it fills.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import time
@@ -225,20 +226,41 @@ class FrameReader:
         if out_fd is not None:
             os.set_blocking(out_fd, False)
 
-    def drain_output(self) -> None:
+    def drain_output(self) -> int:
+        """Move what the pipe holds to the sink; returns the bytes moved."""
+        moved = 0
         while self.out_fd is not None:
             try:
                 data = os.read(self.out_fd, 1 << 16)
             except BlockingIOError:
-                return
+                break
             if not data:  # the env closed its end; stop watching it
                 os.close(self.out_fd)
                 self.out_fd = None
-                return
+                break
             self.sink.feed(data)
             self.printed += len(data)
+            moved += len(data)
             if self.printed > self.max_output:
                 raise FrameError("output_flood", f"more than {self.max_output} bytes of stdout/stderr")
+        return moved
+
+    def _wait_chatty(self, deadline: float) -> None:
+        """Until the socket is readable or the deadline: ``poll`` on the socket and the pipe,
+        draining the pipe as it fills. Used once a slice found output waiting, so an env that
+        prints without pause is read as fast as it writes (and a flood is seen at once)."""
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while self.out_fd is not None:
+            poller.register(self.out_fd, select.POLLIN)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            events = dict(poller.poll(max(1, int(left * 1000))))
+            if self.fd in events:
+                return
+            poller.unregister(self.out_fd)
+            self.drain_output()
 
     def _frame_ready(self) -> bytes | None:
         if len(self.buf) < HEADER.size:
@@ -262,7 +284,8 @@ class FrameReader:
             try:
                 data = os.read(self.fd, 1 << 16)  # not 1 MiB: a buffer that size is an mmap per call
             except BlockingIOError:  # a slice passed with nothing to read
-                self.drain_output()
+                if self.drain_output():
+                    self._wait_chatty(deadline)
                 if time.monotonic() >= deadline:
                     raise FrameError("timeout") from None
                 continue
