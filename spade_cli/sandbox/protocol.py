@@ -207,8 +207,8 @@ class FrameReader:
 
     ``max_output`` caps what this one process may print; ``sink`` may be shared by several
     readers (the processes of one env) so its tail shows the latest output of any of them. The
-    socket becomes blocking with ``SLICE``-second send and receive timeouts (``send_all`` keeps its
-    deadline with them); the pipe is drained between slices and whenever the socket ends.
+    socket becomes blocking with ``SLICE``-second send and receive timeouts (the supervisor's writes
+    keep their deadline with them); the pipe is drained between slices and whenever the socket ends.
     """
 
     def __init__(self, fd: int, out_fd: int | None, sink: OutputSink, max_frame: int, max_output: int):
@@ -256,7 +256,7 @@ class FrameReader:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            events = dict(poller.poll(max(1, int(left * 1000))))
+            events = dict(poller.poll(max(1, int(min(left, 3600) * 1000))))
             if self.fd in events:
                 return
             poller.unregister(self.out_fd)
