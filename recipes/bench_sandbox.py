@@ -4,7 +4,9 @@ Each figure is printed next to a baseline measured in the same run, since timing
 machines drift by tens of percent between runs and only the ratios travel:
 
 * step round trip (p50) of ``EnvWorker.step`` with a ~4 KB observation vs a raw socketpair round
-  trip between two processes moving the same bytes (target <= 1.5x), and vs an in-process call;
+  trip between two processes moving the same bytes (target <= 1.5x), where the scheduler puts
+  them and with both pairs pinned alike to one core and across two (``bench_step``), and vs an
+  in-process call;
 * confined episode start (p50): ``reset`` of a new episode, i.e. fork from the zygote, every
   confinement layer, loading the source and the env's own reset (target <= 5 ms), vs a bare
   ``os.fork`` + exit + wait of this process, and vs a naive fresh ``python -c`` subprocess;
