@@ -210,6 +210,11 @@ LATER_DEFAULTS = {"design": {"contract": "full"},
                   "warmstart": {"contract": "full", "agent_pool": None, "memory_k": 12}}
 
 
+# Input roles a stage started to record after runs were made: a manifest without the role is
+# compared without it (its config names the same input), so those runs stay "up to date".
+LATER_INPUT_ROLES = {"warmstart": {"pool"}}
+
+
 def later_defaults_dropped(config: dict[str, Any], stage: str) -> dict[str, Any]:
     later = LATER_DEFAULTS.get(stage, {})
     return {k: v for k, v in config.items() if not (k in later and v == later[k])}
@@ -248,9 +253,12 @@ class Stage:
                 "inputs": {role: sorted(fp["sha256"] for fp in fps) for role, fps in inputs.items()}}
 
     def _as_made(self, old_inputs: dict) -> dict[str, list[dict]]:
-        """This run's input fingerprints, a directory's in the version the old manifest used."""
+        """This run's input fingerprints, a directory's in the version the old manifest used (and
+        without a role the stage recorded only later, when the old manifest lacks it)."""
         out = {}
         for role, fps in self.inputs.items():
+            if role in LATER_INPUT_ROLES.get(self.name, ()) and role not in old_inputs:
+                continue
             made = {fp.get("v", 1) for fp in old_inputs.get(role, []) if fp.get("kind") == "dir"}
             v = min(made) if made else DIR_FINGERPRINT
             out[role] = [fingerprint(fp["path"], v) if fp.get("kind") == "dir" and v != fp.get("v") else fp

@@ -162,3 +162,26 @@ def test_a_run_made_before_the_fingerprint_change_stays_up_to_date(tmp_path):
     assert Stage.begin("update", out, {"a": 1}, {"model": [ckpt]}, out_kind="dir").status() == "up to date"
     (ckpt / "config.json").write_text("{}")  # a real change is still seen
     assert "inputs changed: model" in Stage.begin("update", out, {"a": 1}, {"model": [ckpt]}, out_kind="dir").status()
+
+
+def test_an_input_role_recorded_later_is_not_compared_against_a_manifest_without_it(tmp_path):
+    """warmstart started recording its pool as an input: a warm start made before (no "pool"
+    role) stays up to date, while one made after compares the pool like any input."""
+    from spade_cli.artifacts import manifest_path
+
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "a.py").write_text("x = 1\n")
+    out = tmp_path / "warm"
+    out.mkdir()
+    (out / "w.bin").write_bytes(b"w")
+    Stage.begin("warmstart", out, {"a": 1}, {"pool": [pool]}, out_kind="dir").write_manifest(None, {})
+    m = json.loads(manifest_path(out).read_text())
+    m["inputs"].pop("pool")  # as written before the role existed
+    manifest_path(out).write_text(json.dumps(m))
+    (pool / "a.py").write_text("x = 2\n")
+    assert Stage.begin("warmstart", out, {"a": 1}, {"pool": [pool]}, out_kind="dir").status() == "up to date"
+    Stage.begin("warmstart", out, {"a": 1}, {"pool": [pool]}, out_kind="dir", force=True).write_manifest(None, {})
+    (pool / "a.py").write_text("x = 3\n")
+    assert "inputs changed: pool" in Stage.begin("warmstart", out, {"a": 1}, {"pool": [pool]},
+                                                 out_kind="dir").status()
