@@ -12,11 +12,12 @@ change of the program's structure (what ``astnorm`` keeps), not only of its word
 - scoring: each right answer pays 1/R at once, or the score is paid when the last round ends.
 
 ``members(seed)`` returns every combination (``len(RULES) * 4`` envs) with a one-sentence hint
-that states the rule. Every member passes ``spade validate`` (tests/test_family.py runs them all
+that states the rule. Every member passes ``spade validate`` (tests/test_pool.py runs them all
 through it) and none has the structure of a starter env, so the held-out suite stays held out. A
 Designer warm-started on the family (``spade warmstart --pool family``) learns the skeleton from
-every sample and the choices as its variable parts: sampled, it writes combinations whose
-structure the memory may not hold yet, which is what gives its GRPO groups a spread.
+every sample and the choices as its variable parts: sampled, it writes a mix of valid
+combinations and broken code (10 of 16 valid after 6 epochs of a 13M model alone; what the
+Agent's warm start and the loop then did to it: README, "What it would take for the Designer").
 
     envs = members(0)   # [{"name", "title", "code", "hint"}, ...]
 """

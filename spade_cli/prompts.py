@@ -62,7 +62,7 @@ Hint: <the privileged hint, a few sentences>
 """
 
 # The same request in a few lines, for a small model that cannot use the full contract and pays
-# for every prompt token in its warm start and its updates (`--contract short`; the quickstart's).
+# for every prompt token in its warm start and its updates (`--contract short`).
 SHORT_SYSTEM = """\
 You are the Designer. Write a training environment for a text agent: a Python module with one \
 gymnasium.Env subclass whose step(action: str) returns (observation, reward, terminated, \

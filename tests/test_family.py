@@ -1,4 +1,4 @@
-"""The generated env family (the quickstart Designer's warm-start targets) and the short contract.
+"""The generated env family (Designer warm-start targets for a small model) and the short contract.
 
 Every member passing `spade validate` is checked with the other named pools in test_pool.py.
 """
