@@ -30,7 +30,7 @@ from dataclasses import dataclass
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "candle",
          "rocket", "garden", "pencil", "forest", "silver", "bridge", "castle", "window", "market",
          "planet", "button", "dragon", "island", "mirror", "basket", "hammer", "jacket", "kitten"]
-# lengths 2 to 9 and 1 to 5 vowels, for the rules that count: no one count answers most rounds
+# lengths 2 to 9 and 0 to 5 vowels, for the rules that count: no one count answers most rounds
 COUNTED = ["ox", "sky", "cat", "tree", "bird", "horse", "music", "banana", "orange", "turtle",
            "giraffe", "avocado", "elephant", "umbrella", "education", "kangaroo", "strength", "oatmeal"]
 
