@@ -207,6 +207,7 @@ def config_hash(config: dict) -> str:
 # Options added after runs were made, at the default that keeps the old behaviour: left out of a
 # manifest's config at that default, so a stage written before they existed stays "up to date".
 LATER_DEFAULTS = {"design": {"contract": "full"},
+                  "update": {"agent_credit": "episode", "turn_gamma": 1.0},
                   "warmstart": {"contract": "full", "agent_pool": None, "memory_k": 12}}
 
 

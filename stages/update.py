@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spade_cli import preempt
-from spade_cli.artifacts import SpadeError, Stage, atomic_write_text, expand_inputs
+from spade_cli.artifacts import SpadeError, Stage, atomic_write_text, expand_inputs, later_defaults_dropped
 from stages.update_samples import collect_samples
 
 if TYPE_CHECKING:  # spade_cli.grpo imports torch: only inside functions here
@@ -112,10 +112,6 @@ class UpdateConfig:
     audit: bool = True
     seed: int = 0
 
-
-# Knobs added after runs existed: at their default they stay out of the manifest's config, so an
-# update written before them is still "up to date" and not refused as changed.
-_LATER_DEFAULTS = {"agent_credit": "episode", "turn_gamma": 1.0}
 
 
 def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], state: dict | None = None,
@@ -267,9 +263,9 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     # Input paths are identified by content in the manifest; the config compares only the knobs
     # that change the output (pruning and the audit do not). The resumed trainer state is not an
     # input fingerprint: it is write-once, and pruning it later must not make this run stale.
-    semantic = {k: v for k, v in asdict(cfg).items()
-                if k not in ("designs", "rollouts", "scores", "out", "keep_state_every", "audit")
-                and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
+    semantic = later_defaults_dropped({k: v for k, v in asdict(cfg).items()
+                                       if k not in ("designs", "rollouts", "scores", "out", "keep_state_every",
+                                                    "audit")}, "update")
     out = Path(cfg.out)
     stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():
