@@ -6,22 +6,24 @@
 #   SMOKE=1 bash recipes/quickstart.sh         # CI: 2 short iterations, same stages
 #
 # 1. `spade init-model --size small`: a random 13M-parameter Qwen3 with a locally trained tokenizer.
-# 2. `spade warmstart --pool starter --agent-episodes N`: a short SFT on the episodes of scripted
-#    solvers of the four starter envs (spade_cli/solvers.py; a share AGENT_NOISE of their replies
-#    random, none by default). 48 seeds per env teach the answer words and few of the rules (a
-#    held-out return near 0.07), which leaves RL room to show on held-out seeds; 192 taught most of
-#    them (0.77) and left three iterations nothing they could measurably add (README). Plus
-#    WARM_EPOCHS Designer prompts per starter env with the env as the target. At this size that
-#    teaches the Designer the answer format only: it needs far more epochs to write a valid env
-#    (README). (A real run starts from a Qwen3 checkpoint and skips this.)
+# 2. `spade warmstart --pool family --agent-pool starter`: a short SFT of both roles in one run.
+#    The Designer: WARM_EPOCHS passes over 52 generated short envs of one skeleton (spade_cli/family.py)
+#    as targets of the prompts `spade design` builds (the five-line contract, no document, a
+#    practice memory every other pass). The Agent: the episodes of scripted solvers of the four
+#    starter envs (spade_cli/solvers.py), AGENT_EPISODES seeds each (a share AGENT_NOISE of their
+#    replies random, none by default). 16 seeds teach the answer words and few of the rules (a
+#    held-out return near 0.07), which leaves RL room; 48 beside 10 Designer passes taught most of
+#    them (0.74), as 192 did alone (README). (A real run starts from a Qwen3 checkpoint and skips this.)
 # 3. A held-out suite: the starter envs, validated, played by `spade eval --tasks envs:...` on seeds
 #    of their own: eval seeds come from the run seed SEED+1000, which the loop never uses, and the
 #    warm start plays seeds >= 2**31, which no rollout draws. It is evaluated, sampling as rollout
 #    samples (temperature 1), before the first iteration and after the last.
 # 4. recipes/loop.sh for ITERS iterations: design → validate → rollout → regret → update. The
 #    starter envs are played every iteration beside the designs (EXTRA_ENVS; on rollout seeds),
-#    so the Agent trains while the Designer's envs are broken, plus REPLAY past envs. Each Agent
-#    reply is credited with its own round's reward (AGENT_CREDIT=turn, TURN_GAMMA=0).
+#    so the Agent trains on them whatever the Designer writes (REPLAY past envs too: none by
+#    default). Each Agent reply is credited with its own round's reward (AGENT_CREDIT=turn,
+#    TURN_GAMMA=0). The Designer's group of 4 trains when its rewards differ: an invalid design
+#    against a valid one, or two regrets.
 #    Small knobs keep it to minutes on 2 cores; the defaults of loop.sh are the paper's setting.
 # The last step compares the held-out returns of iteration 0 and of the last checkpoint
 # (`spade eval --compare`: the difference, its z-score and the z of the per-seed differences).
@@ -45,14 +47,16 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 RUN="${RUN:-runs/quickstart}"
 SEED="${SEED:-0}"
 if [[ "${SMOKE:-0}" == 1 ]]; then   # CI: the same stages at the smallest sizes that still run them all
-  : "${ITERS:=2}" "${WARM_EPOCHS:=2}" "${AGENT_EPISODES:=4}" "${N_ENVS:=4}" "${K:=2}" "${EVAL_K:=2}"
+  : "${ITERS:=2}" "${WARM_EPOCHS:=2}" "${WARM_EXAMPLES:=4}" "${AGENT_EPISODES:=4}" "${N_ENVS:=4}" "${K:=2}"
+  : "${EVAL_K:=2}"
 fi
 ITERS="${ITERS:-3}"
-WARM_EPOCHS="${WARM_EPOCHS:-2}"         # Designer prompts per starter env (format only: see README)
-AGENT_EPISODES="${AGENT_EPISODES:-48}"   # solver seeds per starter env (hinted + unhinted); 192 left
+WARM_EPOCHS="${WARM_EPOCHS:-10}"        # passes over the family envs as Designer targets (README)
+WARM_EXAMPLES="${WARM_EXAMPLES:-}"      # the shortest N family envs only (empty: all 52)
+AGENT_EPISODES="${AGENT_EPISODES:-16}"   # solver seeds per starter env (hinted + unhinted); more left
                                          # RL no room to show on held-out seeds (README)
 AGENT_NOISE="${AGENT_NOISE:-0}"       # random replies of the solvers (0.2 made a far weaker Agent: README)
-N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-32}" MAX_TURNS="${MAX_TURNS:-6}" REPLAY="${REPLAY:-4}"
+N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-32}" MAX_TURNS="${MAX_TURNS:-6}" REPLAY="${REPLAY:-0}"
 EVAL_K="${EVAL_K:-32}"                   # held-out seeds per env
 AGENT_LR="${AGENT_LR:-3e-4}"            # 1e-4 gained half as much; 1e-3 made a stronger Agent worse (README)
 # Each reply is credited with its own round's reward (the starter envs' four rounds are
@@ -66,9 +70,14 @@ t=$SECONDS
 took() { echo "== $1 took $((SECONDS - t)) s" >&2; t=$SECONDS; }
 
 spade init-model --out "$RUN/model/init" --size small --seed "$SEED"
-spade warmstart --model "$RUN/model/init" --out "$RUN/model/warm" --pool starter --epochs "$WARM_EPOCHS" \
-  --batch-size 1 --learning-rate 2e-3 --excerpt-chars 300 --no-example --seed "$SEED" \
-  --agent-episodes "$AGENT_EPISODES" --agent-noise "$AGENT_NOISE" --agent-max-turns "$MAX_TURNS"
+# The Designer's prompts: the five-line contract, no document, two envs of memory (the warm start
+# and the loop must build the same prompts)
+PROMPT_ARGS="--contract short --no-example --memory-k 2"
+# shellcheck disable=SC2086
+spade warmstart --model "$RUN/model/init" --out "$RUN/model/warm" --pool family --agent-pool starter \
+  --epochs "$WARM_EPOCHS" --batch-size 1 --learning-rate 2e-3 $PROMPT_ARGS --no-grounding --seed "$SEED" \
+  --agent-episodes "$AGENT_EPISODES" --agent-noise "$AGENT_NOISE" --agent-max-turns "$MAX_TURNS" \
+  ${WARM_EXAMPLES:+--max-examples "$WARM_EXAMPLES"}
 took "init-model + warmstart"
 
 suite="$RUN/heldout/validated.jsonl"
@@ -84,7 +93,7 @@ took "held-out suite + eval of iteration 0"
 MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" EXTRA_ENVS="$suite" \
 N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" MAX_TURNS="$MAX_TURNS" REPLAY="$REPLAY" BACKEND=hf \
 EVAL_EVERY="$ITERS" EVAL_TASKS="$EVAL_TASKS" EVAL_ARGS="$EVAL_ARGS" \
-DESIGN_ARGS="--temperature $DESIGN_TEMP --max-tokens 400 --excerpt-chars 300 --no-example" \
+GROUNDING=0 DESIGN_ARGS="--temperature $DESIGN_TEMP --max-tokens 400 $PROMPT_ARGS" \
 ROLLOUT_ARGS="--max-new-tokens 16" \
 UPDATE_ARGS="--learning-rate $AGENT_LR --agent-credit $AGENT_CREDIT --turn-gamma $TURN_GAMMA --agent-episodes $AGENT_TRAIN" \
   bash recipes/loop.sh
