@@ -113,7 +113,6 @@ class UpdateConfig:
     seed: int = 0
 
 
-
 def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], state: dict | None = None,
           base: str | None = None, partial: Path | None = None) -> dict:
     """Set up (resuming ``state`` when given) and take one pass; returns the pass's report plus the

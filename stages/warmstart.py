@@ -117,14 +117,14 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         raise SpadeError(f"the pool {pool!r} has no environments")
     if epochs == 0 and agent_episodes == 0:
         raise SpadeError("nothing to train: epochs (Designer) and agent_episodes (Agent) are both 0")
-    config = config or {"model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
-                        "batch_size": batch_size, "max_examples": max_examples, "seed": seed, "corpus": corpus,
-                        "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
-                        "enable_thinking": enable_thinking, "agent_episodes": agent_episodes,
-                        "agent_noise": agent_noise, "agent_max_turns": agent_max_turns,
-                        "agent_thinking": agent_thinking, "contract": contract, "agent_pool": agent_pool,
-                        "memory_k": memory_k}
-    config = later_defaults_dropped(config, "warmstart")
+    # resolved_config already left the later-added options at their defaults out of a CLI config
+    config = config or later_defaults_dropped({
+        "model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
+        "batch_size": batch_size, "max_examples": max_examples, "seed": seed, "corpus": corpus,
+        "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
+        "enable_thinking": enable_thinking, "agent_episodes": agent_episodes, "agent_noise": agent_noise,
+        "agent_max_turns": agent_max_turns, "agent_thinking": agent_thinking, "contract": contract,
+        "agent_pool": agent_pool, "memory_k": memory_k}, "warmstart")
     from spade_cli import pool as pool_mod
 
     inputs = {"model": [model]} if Path(model).exists() else {}
