@@ -185,3 +185,26 @@ def test_an_input_role_recorded_later_is_not_compared_against_a_manifest_without
     (pool / "a.py").write_text("x = 3\n")
     assert "inputs changed: pool" in Stage.begin("warmstart", out, {"a": 1}, {"pool": [pool]},
                                                  out_kind="dir").status()
+
+
+def test_options_added_later_stay_out_of_a_manifest_config_at_their_default(tmp_path):
+    """An option added after runs were made is left out of the config at the default that keeps
+    the old behaviour, so a stage written before it existed stays up to date; set to anything
+    else it is compared like every option."""
+    from spade_cli.artifacts import LATER_DEFAULTS, later_defaults_dropped
+
+    for stage, later in LATER_DEFAULTS.items():
+        old = {"seed": 0}
+        assert later_defaults_dropped({**old, **later}, stage) == old, stage
+        for key in later:
+            changed = {**old, **later, key: "changed"}
+            assert later_defaults_dropped(changed, stage) == {**old, key: "changed"}, (stage, key)
+    assert later_defaults_dropped({"contract": "full"}, "rollout") == {"contract": "full"}  # its own stage only
+
+    out = tmp_path / "warm"
+    out.mkdir()
+    Stage.begin("warmstart", out, {"seed": 0}, {}, out_kind="dir").write_manifest(None, {})
+    now = later_defaults_dropped({"seed": 0, **LATER_DEFAULTS["warmstart"]}, "warmstart")
+    assert Stage.begin("warmstart", out, now, {}, out_kind="dir").status() == "up to date"
+    assert Stage.begin("warmstart", out, later_defaults_dropped({"seed": 0, "contract": "short"}, "warmstart"),
+                       {}, out_kind="dir").status() != "up to date"
