@@ -10,7 +10,7 @@
   copying, a rule, a successor and a lookup, each scored a quarter per round, so a small model
   wins part of an episode and GRPO groups have reward spread. ``--pool family`` generates 52
   envs of one skeleton (rule x feedback x scoring, ``spade_cli/family.py``): Designer warm-start
-  targets for a small model (README: what it would take for the Designer).
+  targets for a small model (README: how the Designer came to train).
 - a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
   embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),
@@ -54,7 +54,7 @@ from spade_cli.records import Design, env_id_for
 
 BUNDLED_POOL = Path(__file__).resolve().parent / "data" / "pool"
 # Four short environments (~800 bytes each) that a 13M-parameter model learns in minutes on a CPU:
-# the quickstart warm-starts its Designer on them (`spade warmstart --pool starter`).
+# the quickstart warm-starts its Agent on their solvers' episodes (`spade warmstart --agent-pool starter`).
 STARTER_POOL = Path(__file__).resolve().parent / "data" / "starter"
 # ``family``: the generated skeleton x rule x feedback x scoring envs (spade_cli/family.py), Designer
 # warm-start targets for a small model. Its "path" is the generator, so a stage that reads it
