@@ -138,23 +138,38 @@ def same_pid_namespace(own_fd: int) -> None:
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 
 
-def private_scratch(workdir: str, scratch_mb: int, uid: int) -> bool:
-    """Own mount and IPC namespaces, with ``workdir`` a tmpfs of ``scratch_mb`` MiB owned by ``uid``.
+def private_scratch(workdir: str, scratch_mb: int, uid: int) -> str | None:
+    """Own mount and IPC namespaces with a size-capped tmpfs owned by ``uid`` for a working dir;
+    returns that dir's path, or None (changing nothing) where CAP_SYS_ADMIN is missing (it needs
+    root, or the zygote inside bubblewrap's user namespace).
 
     The tmpfs lives only in this process's mount namespace, so its pages are freed when the
     process ends, however it ends; the IPC namespace leaves the env no SysV object of anyone else
-    to open even if seccomp were absent. Needs CAP_SYS_ADMIN (root, or the zygote inside
-    bubblewrap's user namespace); returns False, changing nothing, where that is missing.
+    to open even if seccomp were absent. The dir every env gets is the same path, ``env`` in a
+    tmpfs laid over the parent of ``workdir``: the host's parent holds one dir per live env process,
+    and its link count (``stat`` needs no Landlock right) would tell an env how many run beside it.
     """
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
-        return False
+        return None
     # Our copy of the mount table must not propagate back to the host's shared mounts.
     if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise ConfineError(f"making mounts private failed: {os.strerror(ctypes.get_errno())}")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    parent = os.path.dirname(workdir)
+    if _libc.mount(b"spade-envs", parent.encode(), b"tmpfs", flags, b"size=16k,nr_inodes=8,mode=0755") != 0:
+        raise ConfineError(f"mounting over the envs' parent dir failed: {os.strerror(ctypes.get_errno())}")
+    own = os.path.join(parent, "env")
+    os.mkdir(own)
     opts = f"size={scratch_mb}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}".encode()
-    if _libc.mount(b"spade-scratch", workdir.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) != 0:
+    if _libc.mount(b"spade-scratch", own.encode(), b"tmpfs", flags, opts) != 0:
         raise ConfineError(f"mounting the scratch tmpfs failed: {os.strerror(ctypes.get_errno())}")
-    return True
+    if os.getpid() == 1:
+        # pid 1 of a pid namespace of its own: a /proc of that namespace, where no other process
+        # exists. Landlock already refuses reads of the old one, but not ``stat``: its pid dirs,
+        # and their thread counts in ``st_nlink``, gave position and a channel between envs.
+        # Best effort (a user namespace may refuse a new proc where parts of the old are hidden).
+        _libc.mount(b"proc", b"/proc", b"proc", flags, None)
+    return own
 
 
 class _CapHeader(ctypes.Structure):
@@ -240,6 +255,13 @@ SYSCALLS = {
     "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197),
     "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
     "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
+    # Watches on shared files and dirs (the stdlib, the parent of the working dirs): Landlock does
+    # not cover them, so two envs could signal each other by opening files, or watch episodes'
+    # dirs come and go.
+    "inotify_init": (253, None), "inotify_init1": (294, 26), "inotify_add_watch": (254, 27),
+    # Anonymous files: each holds up to RLIMIT_FSIZE outside RLIMIT_AS and the scratch quota, and
+    # fds parked in flight on a socketpair escape RLIMIT_NOFILE: gigabytes of host memory.
+    "memfd_create": (319, 279), "memfd_secret": (447, 447),
     # handled specially below: allowed on the calling process only (pid 0 or its own pid)
     "prlimit64": (302, 261), "sched_setaffinity": (203, 122), "sched_setparam": (142, 118),
     "sched_setscheduler": (144, 119), "sched_setattr": (314, 274),

@@ -195,8 +195,9 @@ def _confine(spec: dict, workdir: str, handoff: socket.socket) -> str:
     os.setsid()
     uid = confine.env_uid(spec["uid"]) if spec["drop_uid"] else os.geteuid()
     scratch = "none"
-    if spec["private_scratch"] and confine.private_scratch(workdir, spec["scratch_mb"], uid):
-        scratch = "tmpfs"
+    own = confine.private_scratch(workdir, spec["scratch_mb"], uid) if spec["private_scratch"] else None
+    if own is not None:
+        scratch, workdir = "tmpfs", own
     elif spec["scratch_budget"]:
         scratch = "budget"
     os.chdir(workdir)

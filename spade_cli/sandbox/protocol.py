@@ -142,6 +142,8 @@ def unpack(body: bytes, decoder: msgspec.msgpack.Decoder | None = None) -> Any:
         obj = decoder.decode(body) if decoder is not None else msgspec.msgpack.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise FrameError("garbled", str(exc)[:300]) from None
+    except (RecursionError, MemoryError) as exc:  # a frame nested past the decoder's stack, by design
+        raise FrameError("garbled", f"{type(exc).__name__} while decoding") from None
     if decoder is None and not isinstance(obj, dict):
         raise FrameError("garbled", f"a frame must be a map, got {type(obj).__name__}")
     return obj

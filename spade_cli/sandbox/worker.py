@@ -165,10 +165,11 @@ class Zygote:
                 sock.close()
             if self.pidns is not None:
                 os.close(self.pidns)
-            self.children.clear()
-            self.dying.clear()
-            self.ready.clear()
-            self.want = None
+            # This object stays reachable from the env's stack (``self`` of this frame): none of
+            # the zygote's bookkeeping may stay in it. How many siblings live (``uids``) or are
+            # still to be forked ahead (``burst``, only ever set by rollout's prefork) would tell
+            # the env its stage.
+            self.__dict__.clear()
             env_main(theirs, spec, workdir)
         theirs.close()
         self.uids[pid] = uid

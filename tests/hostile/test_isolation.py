@@ -268,8 +268,10 @@ def locals_up_the_stack():
             elif isinstance(v, dict):
                 seen += [str(x)[:80] for x in v.values() if isinstance(x, (str, int))]
         f = f.f_back
-    here = __import__("os").getcwd()  # its own dir: a random name, the same one getcwd() gives
-    return [s for s in seen if s != here]
+    # its own dir (where a mount namespace allows, the same path for every env) and the host's
+    # name for it: random, drawn per episode
+    here = __import__("os").path.dirname(__import__("os").getcwd()) + "/env"
+    return [s for s in seen if not s.startswith(here)]
 """
 
 
