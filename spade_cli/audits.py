@@ -60,10 +60,10 @@ def read_actions(locations: dict[str, tuple[Path, int]]) -> dict[str, list[str]]
     return out
 
 
-def replay_seed(run_seed: int, env_id: str, i: int) -> int:
+def replay_seed(run_seed: int, env_id: str, i: int, key: str = "") -> int:
     from spade_cli.episodes import episode_seed
 
-    return episode_seed(run_seed, AUDIT_ITERATION, env_id, i)
+    return episode_seed(run_seed, AUDIT_ITERATION, env_id, i, key)
 
 
 def replay(worker, name: str, seed: int, actions: list[str]) -> float:
@@ -82,8 +82,9 @@ def replay(worker, name: str, seed: int, actions: list[str]) -> float:
 
 
 def seed_invariance(solutions: dict[str, tuple[str, list[str]]], pool, *, run_seed: int, k: int = 4,
-                    min_share: float = 0.75) -> dict[str, dict]:
-    """Per env: the replay's figures and whether they make it ``seed_invariant``."""
+                    min_share: float = 0.75, key: str = "") -> dict[str, dict]:
+    """Per env: the replay's figures and whether they make it ``seed_invariant``. ``key``
+    (``episodes.seed_key``) makes the replay seeds ones the env cannot tell from rollout's."""
     from spade_cli.sandbox import EnvError
 
     out: dict[str, dict] = {}
@@ -94,7 +95,7 @@ def seed_invariance(solutions: dict[str, tuple[str, list[str]]], pool, *, run_se
             w = pool.open(code, env_id)
             try:
                 for i in range(k):
-                    solved += replay(w, f"audit-{tag}-{i}", replay_seed(run_seed, env_id, i), actions) >= SOLVED
+                    solved += replay(w, f"audit-{tag}-{i}", replay_seed(run_seed, env_id, i, key), actions) >= SOLVED
             finally:
                 w.close()
             error = None

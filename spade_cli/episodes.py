@@ -39,7 +39,7 @@ import hashlib
 import re
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,16 +104,29 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
 
 
-def episode_seed(run_seed: int, iteration: int, env_id: str, pair: int) -> int:
+def seed_key(input_digests: Iterable[str]) -> str:
+    """The key of a stage's env seeds: a digest of its input files (their sha256).
+
+    Without it every seed would follow from ``--seed``, the iteration and the env id, and an env
+    can compute its own id (a source that knows its own text and hint): it could then tell
+    validation's seeds from rollout's and behave only where it is judged. The input files hold
+    other designs and the sampler's tokens, which no env can know, and the same files give the
+    same seeds, so reruns, resumed runs, shards and the arms of a comparison on one envs file agree.
+    """
+    return _digest("key", *sorted(input_digests))[:32]
+
+
+def episode_seed(run_seed: int, iteration: int, env_id: str, pair: int, key: str = "") -> int:
     """The env seed of one pair: the hinted and the unhinted episode of the pair share it."""
-    return int(_digest("seed", run_seed, iteration, env_id, pair)[:8], 16) & 0x7FFFFFFF
+    parts = ("seed", run_seed, iteration, env_id, pair, key) if key else ("seed", run_seed, iteration, env_id, pair)
+    return int(_digest(*parts)[:8], 16) & 0x7FFFFFFF
 
 
 def episode_id(run_seed: int, iteration: int, env_id: str, pair: int, hinted: bool) -> str:
     return _digest("episode", run_seed, iteration, env_id, pair, int(hinted))[:20]
 
 
-def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int) -> list[EpisodeSpec]:
+def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int, key: str = "") -> list[EpisodeSpec]:
     """k unhinted and k hinted episodes per env, on the same k seeds, grouped by env. Which
     episode of a pair starts first is drawn per pair (from the seeds, so reruns agree): an env
     that could count its starts would learn nothing from the order."""
@@ -123,7 +136,7 @@ def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int) -> 
             first = int(_digest("order", run_seed, iteration, e, p)[:2], 16) & 1
             for h in ((False, True) if first == 0 else (True, False)):
                 out.append(EpisodeSpec(episode_id(run_seed, iteration, e, p, h), e, iteration, h,
-                                       episode_seed(run_seed, iteration, e, p), p))
+                                       episode_seed(run_seed, iteration, e, p, key), p))
     return out
 
 

@@ -55,6 +55,7 @@ from spade_cli.artifacts import (
     sha256_file,
     write_jsonl,
 )
+from spade_cli.episodes import seed_key
 from spade_cli.records import (
     Memory,
     Score,
@@ -109,7 +110,7 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
     return _kept(base, iteration)
 
 
-def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int) -> dict[str, dict]:
+def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int, key: str) -> dict[str, dict]:
     """``audits.seed_invariance`` for every valid env with a successful hinted episode."""
     from spade_cli import audits
 
@@ -123,7 +124,7 @@ def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int) 
     try:
         with SandboxPool(SandboxConfig(tier="auto")) as pool:
             return audits.seed_invariance({e: (valid[e].code, a) for e, a in actions.items()}, pool,
-                                          run_seed=0, k=k)
+                                          run_seed=0, k=k, key=key)
     except SandboxUnavailable as exc:
         raise SpadeError(f"the seed audit needs the sandbox ({exc}); pass --no-audit to skip it") from None
 
@@ -206,8 +207,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     broken = {e: a for e, s in {**stats, **replayed}.items()
               if (a := curriculum.rollout_error_audit(s, max_error_rate)) is not None}
     t_audit = time.time()
-    audited = _seed_audit({e: v for e, v in valid.items() if e not in broken}, per_env,
-                          audit_seeds) if audit else {}
+    audited = _seed_audit({e: v for e, v in valid.items() if e not in broken}, per_env, audit_seeds,
+                          seed_key(fp["sha256"] for fp in stage.inputs["envs"])) if audit else {}
     flags = {e: ["seed_invariant"] for e, a in audited.items() if a["seed_invariant"]}
     flags.update({e: ["rollout_errors"] for e in broken})
     audited.update(broken)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs
+from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs, seed_key
 from spade_cli.records import ERROR_RETURN_RANGE, Validation
 
 
@@ -155,7 +155,7 @@ def run(
         return {"status": "up to date", "out": str(out)}
 
     env_map, counts = load_envs(paths, shard_t)
-    specs = episode_specs(list(env_map), k, seed, iteration)
+    specs = episode_specs(list(env_map), k, seed, iteration, seed_key(fp["sha256"] for fp in stage.inputs["envs"]))
     done_rows = stage.resume()
     done = {r.get("episode_id") for r in done_rows}
     todo = [s for s in specs if s.episode_id not in done]

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from spade_cli import astnorm, probes
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import episode_seed
+from spade_cli.episodes import episode_seed, seed_key
 from spade_cli.records import Design, Memory, env_id_for, to_row, validation_from
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
@@ -99,6 +99,8 @@ def static_checks(code: object, max_chars: int, ch: Checks) -> bool:
             tree = ast.parse(code)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
         return ch.add("syntax", False, f"{type(exc).__name__}: {exc}", t0, "syntax_error")
+    except (RecursionError, MemoryError) as exc:  # nested past the parser's limit: Python cannot run it either
+        return ch.add("syntax", False, f"{type(exc).__name__}: nested too deeply to parse", t0, "syntax_error")
     ch.add("syntax", True, "parses", t0)
     t0 = time.perf_counter()
     classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
@@ -141,7 +143,7 @@ def _random_policy(seed: int) -> Callable[[int], str]:
 
 
 def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: int,
-                    trivial_return: float, duplicate: Duplicate | None = None) -> dict:
+                    trivial_return: float, duplicate: Duplicate | None = None, seeds_key: str = "") -> dict:
     """All checks for one design -> the fields of its validation row."""
     ch = Checks()
     stats: dict = {"warnings": []}
@@ -170,9 +172,10 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
         t0 = time.perf_counter()
         policies = {"scripted": lambda t: SCRIPTED[t % len(SCRIPTED)], "empty": lambda t: "",
                     "fixed": lambda t: FIXED, "random": _random_policy(seed + 3)}
-        # Env seeds drawn as rollout draws them (a hash, not 0, 1, 2...), so that no seed tells the
-        # env it is being validated; every episode runs in a fresh process, as in rollout.
-        seeds = {name: episode_seed(seed, VALIDATION_ITERATION, design.env_id, i) for i, name in enumerate(policies)}
+        # Env seeds drawn as rollout draws them (a hash keyed by the input file, not 0, 1, 2...,
+        # nor anything an env could compute), so that no seed tells the env it is being
+        # validated; every episode runs in a fresh process, as in rollout.
+        seeds = {name: episode_seed(seed, VALIDATION_ITERATION, design.env_id, i, seeds_key) for i, name in enumerate(policies)}
         episodes: dict[str, dict] = {}
         last = list(policies)[-1]  # its process stays open for gymnasium's checker
         # In sequence: --workers designs at once already fill the cores, and an episode costs CPU
@@ -248,8 +251,8 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
     if ch.reason is None:  # probes cost episodes: only for designs that are valid so far
         single_shot = episodes["scripted"]["done"] and episodes["scripted"]["steps"] <= 1
         hack_probes(design, pool, ch, stats, single_shot=single_shot, max_steps=max_steps,
-                    seeds=(episode_seed(seed, VALIDATION_ITERATION, design.env_id, 10),
-                           episode_seed(seed, VALIDATION_ITERATION, design.env_id, 11)),
+                    seeds=(episode_seed(seed, VALIDATION_ITERATION, design.env_id, 10, seeds_key),
+                           episode_seed(seed, VALIDATION_ITERATION, design.env_id, 11, seeds_key)),
                     trivial_return=trivial_return)
     return {"valid": ch.reason is None, "reason": ch.reason, "checks": ch.items, "stats": stats}
 
@@ -384,10 +387,11 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
     except SandboxUnavailable as exc:
         raise SpadeError(str(exc)) from None
     counts = Counter(r.get("reason") for r in done)
+    seeds_key = seed_key(fp["sha256"] for fp in stage.inputs["designs"])  # seeds no env can compute
 
     def one(i: int) -> dict:
         fields = validate_design(rows[i], pool, max_steps=max_steps, seed=seed, trivial_return=trivial_return,
-                                 duplicate=dups[i])
+                                 duplicate=dups[i], seeds_key=seeds_key)
         return to_row(validation_from(rows[i], **fields))
 
     todo = range(len(done), len(rows))
