@@ -36,6 +36,7 @@ that does not reproduce the recorded observations ends the episode as ``nondeter
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from collections import Counter, defaultdict, deque
@@ -104,16 +105,27 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
 
 
-def seed_key(input_digests: Iterable[str]) -> str:
-    """The key of a stage's env seeds: a digest of its input files (their sha256).
+def seed_material(row: Any) -> str:
+    """What one input row (a design or validation record) adds to the seeds' key: its env id and,
+    where a model wrote it, what the sampler drew (its tokens and their log-probabilities)."""
+    tokens = getattr(row, "tokens", None)
+    if not tokens:
+        return row.env_id
+    return row.env_id + ":" + _digest(json.dumps(tokens, sort_keys=True))
+
+
+def seed_key(materials: Iterable[str]) -> str:
+    """The key of a stage's env seeds, from ``seed_material`` of every row of its input.
 
     Without it every seed would follow from ``--seed``, the iteration and the env id, and an env
     can compute its own id (a source that knows its own text and hint): it could then tell
-    validation's seeds from rollout's and behave only where it is judged. The input files hold
-    other designs and the sampler's tokens, which no env can know, and the same files give the
-    same seeds, so reruns, resumed runs, shards and the arms of a comparison on one envs file agree.
+    validation's seeds from rollout's and behave only where it is judged. Other rows are other
+    samples of the Designer, and the sampler's draws are known to no env; a file of one
+    hand-written design holds no such secret. Row contents, not the files' bytes: a validation
+    row holds timings, and the same designs must give the same seeds, so that reruns, resumed
+    runs, shards and the arms of a comparison on one envs file agree.
     """
-    return _digest("key", *sorted(input_digests))[:32]
+    return _digest("key", *sorted(set(materials)))[:32]
 
 
 def episode_seed(run_seed: int, iteration: int, env_id: str, pair: int, key: str = "") -> int:

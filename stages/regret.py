@@ -55,7 +55,7 @@ from spade_cli.artifacts import (
     sha256_file,
     write_jsonl,
 )
-from spade_cli.episodes import seed_key
+from spade_cli.episodes import seed_key, seed_material
 from spade_cli.records import (
     Memory,
     Score,
@@ -208,7 +208,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               if (a := curriculum.rollout_error_audit(s, max_error_rate)) is not None}
     t_audit = time.time()
     audited = _seed_audit({e: v for e, v in valid.items() if e not in broken}, per_env, audit_seeds,
-                          seed_key(fp["sha256"] for fp in stage.inputs["envs"])) if audit else {}
+                          seed_key(map(seed_material, designs))) if audit else {}
     flags = {e: ["seed_invariant"] for e, a in audited.items() if a["seed_invariant"]}
     flags.update({e: ["rollout_errors"] for e in broken})
     audited.update(broken)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs, seed_key
+from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs, seed_key, seed_material
 from spade_cli.records import ERROR_RETURN_RANGE, Validation
 
 
@@ -59,12 +59,14 @@ def in_shard(env_id: str, shard: tuple[int, int]) -> bool:
 
 
 def load_envs(paths: list[Path], shard: tuple[int, int]) -> tuple[dict[str, EnvSource], dict]:
-    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped."""
+    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped and
+    (``key``) ``seed_material`` of every row, valid or not, in every shard: the seeds' key."""
     envs: dict[str, EnvSource] = {}
-    counts = {"rows": 0, "invalid": 0, "duplicate": 0, "other_shard": 0}
+    counts: dict = {"rows": 0, "invalid": 0, "duplicate": 0, "other_shard": 0, "key": []}
     for path, line, rec in read_rows(paths, expect="spade.validation"):
         assert isinstance(rec, Validation)
         counts["rows"] += 1
+        counts["key"].append(seed_material(rec))
         if not rec.valid:
             counts["invalid"] += 1
             continue
@@ -155,7 +157,7 @@ def run(
         return {"status": "up to date", "out": str(out)}
 
     env_map, counts = load_envs(paths, shard_t)
-    specs = episode_specs(list(env_map), k, seed, iteration, seed_key(fp["sha256"] for fp in stage.inputs["envs"]))
+    specs = episode_specs(list(env_map), k, seed, iteration, seed_key(counts.pop("key")))
     done_rows = stage.resume()
     done = {r.get("episode_id") for r in done_rows}
     todo = [s for s in specs if s.episode_id not in done]

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from spade_cli import astnorm, probes
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import episode_seed, seed_key
+from spade_cli.episodes import episode_seed, seed_key, seed_material
 from spade_cli.records import Design, Memory, env_id_for, to_row, validation_from
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
@@ -387,7 +387,7 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
     except SandboxUnavailable as exc:
         raise SpadeError(str(exc)) from None
     counts = Counter(r.get("reason") for r in done)
-    seeds_key = seed_key(fp["sha256"] for fp in stage.inputs["designs"])  # seeds no env can compute
+    seeds_key = seed_key(map(seed_material, rows))  # seeds no env can compute
 
     def one(i: int) -> dict:
         fields = validate_design(rows[i], pool, max_steps=max_steps, seed=seed, trivial_return=trivial_return,

@@ -204,25 +204,43 @@ def test_no_env_sees_others_in_proc_or_in_its_dirs_parent(tier_pool) -> None:  #
 
 
 def test_rollout_seeds_follow_the_envs_file(tmp_path: Path, tiny_model) -> None:
-    """Rollout's seeds are keyed by its input file too: the same env in another file gets other
-    seeds, and none of them is the unkeyed seed an env could compute for itself."""
+    """Rollout's seeds are keyed by its input too: the same env beside another design gets other
+    seeds, none of them the unkeyed seed an env could compute for itself, while a file that
+    differs only in validation's timings gives the same seeds (runs must repeat)."""
     from spade_cli.episodes import episode_seed
 
     code = env("")
     row = {"schema": "spade.validation/1", "code": code, "hint": "some hint text", "valid": True,
-           "reason": None, "checks": [], "stats": {}}
+           "reason": None, "checks": [{"name": "import", "ok": True, "detail": "", "ms": 1.5}], "stats": {}}
     other = {**row, "code": env("obs = 'other'")}
-    seeds = []
-    for name, rows in (("one", [row]), ("two", [row, other])):
+    retimed = {**row, "checks": [{"name": "import", "ok": True, "detail": "", "ms": 7.25}],
+               "stats": {"step_ms_p50": 0.3}}
+    eid = env_id_for(code, row["hint"])
+    seeds = {}
+    for name, rows in (("one", [row]), ("two", [row, other]), ("retimed", [retimed])):
         envs, out = tmp_path / f"{name}.jsonl", tmp_path / f"r-{name}.jsonl"
         envs.write_text("".join(json.dumps(r) + "\n" for r in rows))
         res = run_spade("rollout", "--model", tiny_model, "--backend", "fake", "--envs", envs, "--k", "2",
                         "--out", out, "--max-turns", "1", "--max-new-tokens", "2")
         assert res.returncode == 0, res.stderr
         got = [json.loads(x) for x in out.read_text().splitlines()]
-        mine = sorted({(r["pair"], r["seed"]) for r in got if r["env_id"] == env_id_for(code, row["hint"])})
+        mine = sorted({(r["pair"], r["seed"]) for r in got if r["env_id"] == eid})
         assert len(mine) == 2  # hinted and unhinted share each pair's seed
-        seeds.append([s for _, s in mine])
-    eid = env_id_for(code, row["hint"])
+        seeds[name] = [s for _, s in mine]
     unkeyed = [episode_seed(0, 0, eid, p) for p in range(2)]
-    assert seeds[0] != seeds[1] and unkeyed not in seeds
+    assert seeds["one"] != seeds["two"] and unkeyed not in seeds.values()
+    assert seeds["retimed"] == seeds["one"]
+
+
+@pytest.mark.unit
+def test_the_samplers_draws_are_part_of_the_key() -> None:
+    """One design alone: its id is public to it, the log-probabilities its sampler drew are not."""
+    from spade_cli.episodes import seed_key, seed_material
+    from spade_cli.records import parse
+
+    base = {"schema": "spade.design/1", "code": env(""), "hint": "some hint text"}
+    drawn = [parse({**base, "tokens": {"prompt_ids": [1], "completion_ids": [5, 6], "logprobs": [lp, -0.5]}},
+                   "spade.design") for lp in (-1.25, -1.5)]
+    bare = parse(base, "spade.design")
+    keys = {seed_key([seed_material(d)]) for d in (*drawn, bare)}
+    assert len(keys) == 3 and seed_material(bare) == bare.env_id
