@@ -125,6 +125,11 @@ class Zygote:
 
     def __init__(self, ctrl: socket.socket):
         self.ctrl, self.read_paths, self.base = ctrl, _runtime_paths(), os.getcwd()
+        # The env processes' dirs, alone in a dir of their own: an env with its own mount namespace
+        # lays a tmpfs over it (confine.private_scratch), which must hide nothing but them (in the
+        # strong tier the cwd is bubblewrap's /tmp, where a venv or checkout may be bound).
+        self.envs = tempfile.mkdtemp(prefix="envs-", dir=self.base)
+        os.chmod(self.envs, 0o711)
         self.children: dict[int, str] = {}  # env pid -> its private dir
         self.dying: set[int] = set()  # SIGKILLed by "drop", reaped when they are gone
         # confined children waiting for their sockets, oldest first: (pid, hand-off socket, dir)
@@ -150,7 +155,7 @@ class Zygote:
     def fork_one(self) -> None:
         uid = self.free_uid()
         spec = {**protocol.unpack(self.want), "read_paths": self.read_paths, "uid": uid}
-        workdir = tempfile.mkdtemp(prefix="env-", dir=self.base)
+        workdir = tempfile.mkdtemp(prefix="env-", dir=self.envs)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Pid 1 of a pid namespace of its own, so every env process has the same pid: counted
         # pids would tell it how many episodes of the stage ran before it.
@@ -301,6 +306,7 @@ class Zygote:
             except OSError:
                 pass
             shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(self.envs, ignore_errors=True)
         if os.path.basename(self.base).startswith("zyg-"):  # the process tier's own dir, also when spade died
             shutil.rmtree(self.base, ignore_errors=True)
 

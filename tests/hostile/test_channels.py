@@ -190,8 +190,11 @@ def test_no_env_sees_others_in_proc_or_in_its_dirs_parent(tier_pool) -> None:  #
     if pool.tier == "process" and os.geteuid() != 0:
         pytest.skip("the process tier needs CAP_SYS_ADMIN for its own /proc and dirs (a documented gap)")
     look = ("pids = [n for n in range(1, 2048) if os.path.exists('/proc/%d' % n)]\n"
-            "obs = 'pids=%r parent_links=%d cwd=%s' % (pids, os.stat('..').st_nlink, os.path.basename(os.getcwd()))")
-    code = env(look, top="import os")
+            "gone = [p for p in sys.path if ('site-packages' in p or p == os.path.dirname(os.__file__))"
+            " and not os.path.isdir(p)]\n"
+            "obs = 'pids=%r parent_links=%d cwd=%s hidden=%r' % (pids, os.stat('..').st_nlink,"
+            " os.path.basename(os.getcwd()), gone)")
+    code = env(look, top="import os, sys")
     pool.prestart((0,), episodes=12)
     w = pool.open(code, "neighbours")
     seen = []
@@ -200,7 +203,9 @@ def test_no_env_sees_others_in_proc_or_in_its_dirs_parent(tier_pool) -> None:  #
         seen.append(w.step(f"ep{i}", "look")[0])
         w.close_episode(f"ep{i}")
     w.close()
-    assert seen == ["pids=[1] parent_links=3 cwd=env"] * 3, seen
+    # and the tmpfs over its dir's parent hid nothing else: every dir of the runtime is still there
+    # (in the strong tier that parent is in bubblewrap's /tmp, where a venv may be bound)
+    assert seen == ["pids=[1] parent_links=3 cwd=env hidden=[]"] * 3, seen
 
 
 def test_rollout_seeds_follow_the_envs_file(tmp_path: Path, tiny_model) -> None:
