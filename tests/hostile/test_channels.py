@@ -18,7 +18,7 @@ import pytest
 
 from spade_cli.records import env_id_for
 from tests.conftest import run_spade
-from tests.hostile.test_isolation import assert_pool_serves, env, play
+from tests.hostile.test_isolation import FORGE, assert_pool_serves, env, play
 from tests.test_sandbox_hostile import tier_pool  # noqa: F401 - the two-tier pool fixture
 
 pytestmark = pytest.mark.integration
@@ -27,18 +27,11 @@ BENIGN_DIR = Path(__file__).parent.parent / "envs_benign"
 
 # A step reply whose info is a list nested 200,000 deep: 200 KB, under the frame cap, and past the
 # depth any decoder recurses to.
-DEEP = """
-import os, stat, struct
+DEEP = FORGE + """
 def forge_deep():
     head = (b'\\x87\\xa1t\\xa4step\\xa1n\\x01\\xa3obs\\xa1x\\xa6reward\\xcb' + b'\\x00' * 8
             + b'\\xa4term\\xc2\\xa5trunc\\xc2\\xa4info\\x81\\xa1a')
-    body = head + b'\\x91' * 200000 + b'\\xc0'
-    for fd in range(3, 32):
-        try:
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):
-                os.write(fd, struct.pack('>I', len(body)) + body)
-        except OSError:
-            pass
+    send_raw(head + b'\\x91' * 200000 + b'\\xc0')
 """
 
 # An `elif` chain 3,000 deep: valid syntax, under the size cap, past the parser's recursion limit.

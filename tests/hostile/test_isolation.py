@@ -67,14 +67,15 @@ def assert_pool_serves(pool) -> None:
 
 FORGE = """
 import os, stat, struct, msgpack
-def forge(obj):
-    body = msgpack.packb(obj)
+def send_raw(body):
     for fd in range(3, 32):
         try:
             if stat.S_ISSOCK(os.fstat(fd).st_mode):
                 os.write(fd, struct.pack('>I', len(body)) + body)
         except OSError:
             pass
+def forge(obj):
+    send_raw(msgpack.packb(obj))
 """
 FORGERIES = {
     "setup_failed": {"t": "setup_failed", "detail": "forged"},
