@@ -66,8 +66,18 @@ CASES = [
     C("swallow_base_exception", env("while True:\n    try:\n        while True:\n            pass\n"
                                     "    except BaseException:\n        pass"), "step_timeout"),
     C("memory_bomb", env("x = bytearray(3 << 30)"), "memory_limit"),
-    C("slow_leak", env("self.keep = getattr(self, 'keep', []) + [bytearray(64 << 20)]",
+    # A leak that outgrows the memory limit over many steps. bytes(n) comes from calloc, which maps
+    # zeroed pages without touching them: each step adds 64 MiB of address space (what RLIMIT_AS
+    # counts) in microseconds, so the memory limit fires long before any step nears its timeout,
+    # however loaded the machine.
+    C("slow_leak", env("self.keep = getattr(self, 'keep', []) + [bytes(64 << 20)]",
                        ret="return 'o', 0.0, False, False, {}"), "memory_limit",
+      steps=40, action="go"),
+    # The same leak writing every page: each step now costs the env real time (tens of ms idle, over
+    # half a second on a loaded machine), so which limit fires first depends on the load. Either
+    # verdict contains the env; the test holds the host-side facts either way.
+    C("slow_leak_resident", env("self.keep = getattr(self, 'keep', []) + [bytearray(64 << 20)]",
+                                ret="return 'o', 0.0, False, False, {}"), "memory_limit", "step_timeout",
       steps=40, action="go"),
     C("deep_recursion", env("sys.setrecursionlimit(10 ** 7)\ndef f(n):\n    return f(n + 1) + 1\nf(0)",
                             top="import sys"), "step_timeout", "memory_limit", "crashed", "step_exception"),
@@ -172,7 +182,9 @@ CASES = [
       "ok"),
     C("obs_dict", env(ret="return {'a': 1}, 0.0, False, False, {}"), "obs_not_str"),
     C("obs_bytes", env(ret="return b'abc', 0.0, False, False, {}"), "obs_not_str"),
-    C("obs_50mb", env(ret="return 'x' * (50 << 20), 0.0, False, False, {}"), "obs_too_large"),
+    # 128 times the observation cap: building it costs the env a few ms, where 50 MiB took over a
+    # third of the step timeout on a loaded machine and raced it.
+    C("obs_8mb", env(ret="return 'x' * (8 << 20), 0.0, False, False, {}"), "obs_too_large"),
     C("obs_lone_surrogate", env(ret="return 'a\\ud800b', 0.0, False, False, {}"), "obs_not_str"),
     C("step_4_tuple", env(ret="return 'o', 0.0, False, {}"), "step_bad_return"),
     C("reset_obs_only", env(ret="return 'o', 0.0, True, False, {}").replace("return 'start', {}", "return 'start'"),
@@ -181,7 +193,7 @@ CASES = [
     C("flags_none", env(ret="return 'o', 0.0, False, None, {}"), "flags_not_bool"),
     C("info_object", env(ret="return 'o', 0.0, False, False, {'x': object()}"), "info_not_json"),
     C("info_nan", env(ret="return 'o', 0.0, False, False, {'x': float('nan')}"), "info_not_json"),
-    C("info_huge", env(ret="return 'o', 0.0, False, False, {'x': 'y' * (8 << 20)}"), "obs_too_large",
+    C("info_huge", env(ret="return 'o', 0.0, False, False, {'x': 'y' * (2 << 20)}"), "obs_too_large",
       "info_not_json"),
     C("step_raises_at_3", env("if self.t == 3:\n    raise RuntimeError('boom')"), "step_exception"),
     C("reset_raises", env(reset="raise ValueError('bad reset')"), "reset_exception"),
