@@ -87,8 +87,9 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     from accelerate.utils import set_seed
     from transformers import AutoTokenizer, get_scheduler
 
-    from spade_cli import trainer_state
+    from spade_cli import masters, trainer_state
 
+    rss_before = masters.rss_mb()
     accelerator = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                               mixed_precision="bf16" if cfg.bf16 else None)
     ds = accelerator.state.deepspeed_plugin
@@ -104,12 +105,6 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
     row_temps = None if uniform else RowTemperature()
     model = _load(cfg.model, head_t, row_temps)
-    snapshots: dict = {}
-    if cfg.audit and not cfg.lora:  # what was served before: the input checkpoint, exactly
-        dtype = trainer_state.serving_dtype(cfg.model)
-        drop = trainer_state.tied_keys(model)
-        snapshots["served_before"] = {k: v.detach().to(dtype or v.dtype, copy=True)
-                                      for k, v in model.state_dict().items() if k not in drop}
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -141,16 +136,19 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     model, opt = accelerator.prepare(model, opt)
     # Stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
     accelerator.register_for_checkpointing(sched)
+    snapshots: dict = {}
+    audit = cfg.audit and not cfg.lora
+    if audit:  # what was served before: the input checkpoint (the masters as loaded), this process's share
+        snapshots["served_before"] = masters.snapshot(accelerator, model, trainer_state.serving_dtype(cfg.model))
     counters = {"updates": 0, "optimizer_steps": 0, "base_model": base}
-    timings: dict = {}
+    timings: dict = {"rss_before_load_mb": rss_before}
     if state is not None:
         t0 = time.perf_counter()
         accelerator.load_state(state["path"])
         timings["state_load_s"] = round(time.perf_counter() - t0, 3)
         counters.update(updates=state.get("updates", 0), optimizer_steps=state.get("optimizer_steps", 0))
-        if cfg.audit and not cfg.lora:
-            sd = accelerator.get_state_dict(model)
-            snapshots["master_before"] = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in sd.items()}
+        if audit:  # the real fp32 masters (the optimizer's, under DeepSpeed), this process's share
+            snapshots["master_before"] = masters.snapshot(accelerator, model)
     return Trainer(accelerator, model, opt, sched, ref, tokenizer, row_temps, ref_kind, counters, snapshots, timings)
 
 
