@@ -62,12 +62,14 @@ class Trainer:
     timings: dict = field(default_factory=dict)
 
 
-def _load(path: str, temperature: float, row_temps: RowTemperature | None) -> Any:
+def _load(path: str, temperature: float, row_temps: RowTemperature | None, device: Any = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # the fp32 masters
+    # the fp32 masters; straight onto the GPU when given one, so no rank holds a host copy
+    kw = {"device_map": {"": device}} if device is not None else {}
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
     add_fused_lm_head(m, temperature=temperature, outputs=("log_probs", "entropy"))
     disable_dropout_in_model(m)  # as TRL does: sampler and trainer must see one policy
     if row_temps is not None:
@@ -78,6 +80,21 @@ def _load(path: str, temperature: float, row_temps: RowTemperature | None) -> An
                              "update each temperature separately")
         m.base_model.register_forward_hook(row_temps.hook)
     return m
+
+
+def _direct_device(acc: Any) -> Any:
+    """The GPU to load the model onto, where the backend keeps a whole replica per rank (one
+    process, DDP, ZeRO-1/2); None under ZeRO-3 and FSDP, whose loaders partition or load on rank 0
+    only, and on the CPU."""
+    from accelerate.utils import DistributedType
+
+    if acc.device.type != "cuda":
+        return None
+    ds = acc.state.deepspeed_plugin
+    if acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU) or (
+            ds is not None and (ds.zero_stage or 0) < 3):
+        return acc.device
+    return None
 
 
 def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, base: str) -> Trainer:
@@ -104,7 +121,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     uniform = len(temperatures) <= 1
     head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
     row_temps = None if uniform else RowTemperature()
-    model = _load(cfg.model, head_t, row_temps)
+    model = _load(cfg.model, head_t, row_temps, _direct_device(accelerator))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
