@@ -75,18 +75,20 @@ def test_a_checkpoint_an_unfinished_update_reads_is_never_pruned(tmp_path: Path)
         prune(run, 3, keep_ckpts=0)
 
 
-def _loop_env(tiny_model: Path) -> dict:
-    from tests.test_loop import _env
-
-    return {**_env(tiny_model, {}), "ITERS": "5"}  # the loop's retention defaults: no PRUNE* set
-
-
 @pytest.mark.integration
 @pytest.mark.slow  # five loop iterations, then a kill and a rerun: CI's second tier
 def test_a_five_iteration_loop_ends_with_one_trainer_state_and_the_kept_checkpoints(tiny_model, tmp_path):
-    from tests.test_loop import _finish, _log, _loop
+    """The loop with its retention defaults (no PRUNE* set) from a checkpoint that carries a trainer
+    state (one real update of the tiny model). The tiny model designs nothing valid and earns no
+    return, so each iteration's update publishes its input unchanged, state included (hard links):
+    every checkpoint holds a trainer state until retention removes all but the latest."""
+    from stages import update
+    from tests.test_loop import _env, _finish, _log, _loop
+    from tests.test_update import _config, make_artifacts
 
-    env = _loop_env(tiny_model)
+    start = tmp_path / "start"
+    update.run(_config(make_artifacts(tmp_path, tiny_model), tiny_model, start))
+    env = {**_env(start, {}), "ITERS": "5"}
     cwd = tmp_path / "w"
     proc = _loop(cwd, env)
     ck = cwd / "run" / "ckpt"
@@ -102,7 +104,13 @@ def test_a_five_iteration_loop_ends_with_one_trainer_state_and_the_kept_checkpoi
     states = sorted(p.name for p in ck.iterdir() if (p / "trainer_state" / "model.safetensors").exists())
     assert whole == ["iter_0004", "iter_0005"] and states == ["iter_0005"], (whole, states)
     assert sorted(p.parent.name for p in ck.glob("iter_*/pruned.json")) == ["iter_0001", "iter_0002", "iter_0003"]
-    # the report still reads every update, and the rerun from the latest state would resume
+    assert all(json.loads((ck / f"iter_{j:04d}" / "trainer_state" / "spade_state.json").read_text())["pruned"]
+               for j in range(1, 5))
+    # the report still reads every update; the latest state is whole and the next update resumes it
     assert all((ck / f"iter_{j:04d}" / "update.json").exists() for j in range(1, 6))
+    assert (start / "trainer_state" / "optimizer.bin").exists()  # the run's input is never touched
     res = run_spade("prune", cwd / "run", "-i", "4")
     assert res.returncode == 0 and json.loads(res.stdout)["checkpoints"] == []
+    from spade_cli import trainer_state
+
+    assert not trainer_state.find(str(ck / "iter_0005")).get("pruned")
