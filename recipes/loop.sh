@@ -69,6 +69,9 @@ QWEN3_ROLLOUT+=" --think-overflow close --think-context auto"
 ROLLOUT_ARGS="${ROLLOUT_ARGS-$QWEN3_ROLLOUT}"
 REGRET_ARGS="${REGRET_ARGS:-}"
 UPDATE_ARGS="${UPDATE_ARGS:-}"
+# >>> retention (spade prune, docs/update.md "Retention"): PRUNE=0 keeps everything; PRUNE_ARGS e.g.
+# "--keep-ckpts 3 --keep-state-every 50" (default: the latest trainer state, 2 checkpoints, eval points)
+PRUNE="${PRUNE:-1}" PRUNE_ARGS="${PRUNE_ARGS:-}"  # <<< retention
 # Eval samples as the Qwen3 model card evaluates thinking mode: temperature 0.6, top-p 0.95, top-k
 # 20, and 32768 output tokens ("adequate output length"), split here into 30720 reasoning and 2048
 # answer tokens, a block that runs out closed by spade. lm: and evalscope: tasks generate in their
@@ -190,6 +193,8 @@ for ((i = 0; i < ITERS; i++)); do
     # shellcheck disable=SC2086
     stage "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
   fi
+  # shellcheck disable=SC2086  # retention, after the update and its evaluation (one line)
+  [[ "$PRUNE" == 0 ]] || stage "$SPADE" prune "$RUN" -i "$i" --eval-every "$EVAL_EVERY" $PRUNE_ARGS
 done
 
 stage "$SPADE" report "$RUN"

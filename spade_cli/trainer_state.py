@@ -25,7 +25,6 @@ saying the dtype it holds) and the audit of what the served checkpoint kept of t
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from pathlib import Path
@@ -157,26 +156,8 @@ def audit(served_before: dict, master_before: dict | None, master_after: dict, s
     the fp32 update. ``rounding_lost_fraction``: ||served update - master update|| / ||master
     update|| (0 when serving in fp32; near 1 when the update is rounded away). ``residual_l2``:
     ||masters - served|| after the update, which only the trainer state carries forward.
+    The snapshots may be one process's share (``spade_cli.masters``): then reduce the sums first.
     """
-    import torch
+    from spade_cli import masters
 
-    changed = total = 0
-    upd = served_upd = lost = resid = 0.0
-    for k, s_after in served_after.items():
-        if not s_after.is_floating_point() or k not in served_before:
-            continue
-        s_b, s_a = served_before[k].float(), s_after.float()
-        m_a = master_after[k].float()
-        m_b = master_before[k].float() if master_before is not None else s_b
-        changed += int((served_before[k] != s_after).sum())
-        total += s_after.numel()
-        d_master, d_served = m_a - m_b, s_a - s_b
-        upd += float(torch.sum(d_master.double() ** 2))
-        served_upd += float(torch.sum(d_served.double() ** 2))
-        lost += float(torch.sum((d_served - d_master).double() ** 2))
-        resid += float(torch.sum((m_a - s_a).double() ** 2))
-    upd_l2 = math.sqrt(upd)
-    return {"changed_fraction": changed / total if total else 0.0, "elements": total,
-            "master_update_l2": upd_l2, "served_update_l2": math.sqrt(served_upd),
-            "rounding_lost_fraction": math.sqrt(lost) / upd_l2 if upd_l2 > 0 else None,
-            "residual_l2": math.sqrt(resid)}
+    return masters.figures(masters.sums(served_before, master_before, master_after, served_after))

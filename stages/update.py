@@ -153,8 +153,16 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
     state_dir = tmp / trainer_state.STATE_DIR
     t0 = time.perf_counter()
     acc.save_state(str(state_dir))  # before a LoRA merge below changes the model
-    info = {"save_s": round(time.perf_counter() - t0, 3), **tr.timings}
-    state_dict = None if cfg.lora else acc.get_state_dict(model)
+    info = {"save_s": round(time.perf_counter() - t0, 3),
+            **{k: v for k, v in tr.timings.items() if k != "rss_before_load_mb"}}
+    dtype = trainer_state.serving_dtype(cfg.model)
+    if cfg.lora:
+        state_dict, audit = None, None
+    else:
+        state_dict, audit = _served_and_audit(acc, model, dtype, tr.snapshots)
+    from spade_cli import masters
+
+    memory = masters.host_memory(acc, tr.timings.get("rss_before_load_mb", 0.0), tr.snapshots)
     if not acc.is_main_process:
         return info
     trainer_state.write_meta(state_dir, {**tr.counters, "lora": cfg.lora, "lora_r": cfg.lora_r if cfg.lora else None,
@@ -162,22 +170,56 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
                                          "processes": acc.num_processes,
                                          "distributed_type": str(acc.distributed_type)})
     info["bytes"] = trainer_state.size_bytes(state_dir)
-    dtype = trainer_state.serving_dtype(cfg.model)
     unwrapped = acc.unwrap_model(model)
     if cfg.lora:  # merged, so vLLM, lm-eval and the next rollout load it without peft
         unwrapped = unwrapped.merge_and_unload()
-        state_dict = unwrapped.state_dict()
-    out_sd = trainer_state.served(state_dict, dtype, trainer_state.tied_keys(unwrapped))
+        out_sd = trainer_state.served(unwrapped.state_dict(), dtype, trainer_state.tied_keys(unwrapped))
+    else:
+        out_sd = state_dict
     unwrapped.save_pretrained(tmp, state_dict=out_sd)
     if dtype is not None:  # save_pretrained writes the dtype of the fp32 masters, not of the tensors
         config = json.loads((tmp / "config.json").read_text())
         config["dtype"] = str(dtype).removeprefix("torch.")
         atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     tr.tokenizer.save_pretrained(tmp)
-    if "served_before" in tr.snapshots:
-        info["audit"] = trainer_state.audit(tr.snapshots["served_before"], tr.snapshots.get("master_before"),
-                                            state_dict, out_sd)
+    if audit is not None:
+        info["audit"] = audit
+    info["host_memory"] = memory
     return info
+
+
+def _served_and_audit(acc: Any, model: Any, dtype: Any, snapshots: dict) -> tuple[dict | None, dict | None]:
+    """The served state dict (on the main process; None elsewhere) from the real fp32 masters, one
+    parameter at a time, and the audit from each process's share of the snapshots. Collective."""
+    from spade_cli import masters, trainer_state
+
+    out_sd: dict = {}
+    local = [0.0] * len(masters.SUMS)
+    before, m_before = snapshots.get("served_before"), snapshots.get("master_before")
+    for i, (name, master) in enumerate(masters.full(acc, model)):
+        served = master.to(dtype) if dtype is not None else master
+        if acc.is_main_process:
+            out_sd[name] = served
+        if before is not None and masters.owns(acc, i):
+            one = masters.sums({name: before[name]}, None if m_before is None else {name: m_before[name]},
+                               {name: master}, {name: served})
+            local = [a + b for a, b in zip(local, one, strict=True)]
+    audit = masters.figures(masters.reduce(acc, local)) if before is not None else None
+    if not acc.is_main_process:
+        return None, audit
+    unwrapped = acc.unwrap_model(model)
+    persistent = set(unwrapped.state_dict().keys())  # buffers saved with the weights (none in Qwen3)
+    buffers = {k: b.detach().cpu() for k, b in unwrapped.named_buffers() if k in persistent}
+    out_sd.update(trainer_state.served(buffers, dtype, trainer_state.tied_keys(unwrapped)))
+    return out_sd, audit
+
+
+def _main_pid(acc: Any) -> int:
+    if acc.num_processes == 1:
+        return os.getpid()
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([os.getpid()], from_process=0)[0]
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -302,13 +344,14 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
            "; fresh optimizer"))
     trained = train(cfg, samples, log, state, base, stage.partial)
     tr = trained["trainer"]
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    # one name for every process: under ZeRO and FSDP each one writes its shard of the state there
+    tmp = out.with_name(f".{out.name}.tmp-{_main_pid(tr.accelerator)}")
     saved = save(cfg, tr, tmp)
     state_report = {"resumed": state["path"] if state else None, "fresh_optimizer": cfg.fresh_optimizer,
                     "updates": tr.counters["updates"], "optimizer_steps": tr.counters["optimizer_steps"],
-                    "base_model": base, **{k: v for k, v in saved.items() if k != "audit"}}
+                    "base_model": base, **{k: v for k, v in saved.items() if k not in ("audit", "host_memory")}}
     report = {"metrics": trained["metrics"], "roles": trained["roles"], "sampler": trained["sampler"],
-              "trainer_state": state_report, "audit": saved.get("audit"),
+              "trainer_state": state_report, "audit": saved.get("audit"), "host_memory": saved.get("host_memory"),
               "kl_reference": {"kind": cfg.kl_reference, "path": base if cfg.kl_reference == "base" else
                                _model_id(cfg.model), "via": tr.ref_kind} if cfg.beta != 0.0 else None,
               "counts": counts, "config": asdict(cfg)}

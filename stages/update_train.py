@@ -62,12 +62,14 @@ class Trainer:
     timings: dict = field(default_factory=dict)
 
 
-def _load(path: str, temperature: float, row_temps: RowTemperature | None) -> Any:
+def _load(path: str, temperature: float, row_temps: RowTemperature | None, device: Any = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # the fp32 masters
+    # the fp32 masters; straight onto the GPU when given one, so no rank holds a host copy
+    kw = {"device_map": {"": device}} if device is not None else {}
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
     add_fused_lm_head(m, temperature=temperature, outputs=("log_probs", "entropy"))
     disable_dropout_in_model(m)  # as TRL does: sampler and trainer must see one policy
     if row_temps is not None:
@@ -80,6 +82,21 @@ def _load(path: str, temperature: float, row_temps: RowTemperature | None) -> An
     return m
 
 
+def _direct_device(acc: Any) -> Any:
+    """The GPU to load the model onto, where the backend keeps a whole replica per rank (one
+    process, DDP, ZeRO-1/2); None under ZeRO-3 and FSDP, whose loaders partition or load on rank 0
+    only, and on the CPU."""
+    from accelerate.utils import DistributedType
+
+    if acc.device.type != "cuda":
+        return None
+    ds = acc.state.deepspeed_plugin
+    if acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU) or (
+            ds is not None and (ds.zero_stage or 0) < 3):
+        return acc.device
+    return None
+
+
 def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, base: str) -> Trainer:
     """Everything the pass needs; ``state`` (from ``trainer_state.find``) is resumed when given."""
     import torch
@@ -87,8 +104,9 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     from accelerate.utils import set_seed
     from transformers import AutoTokenizer, get_scheduler
 
-    from spade_cli import trainer_state
+    from spade_cli import masters, trainer_state
 
+    rss_before = masters.rss_mb()
     accelerator = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                               mixed_precision="bf16" if cfg.bf16 else None)
     ds = accelerator.state.deepspeed_plugin
@@ -103,13 +121,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     uniform = len(temperatures) <= 1
     head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
     row_temps = None if uniform else RowTemperature()
-    model = _load(cfg.model, head_t, row_temps)
-    snapshots: dict = {}
-    if cfg.audit and not cfg.lora:  # what was served before: the input checkpoint, exactly
-        dtype = trainer_state.serving_dtype(cfg.model)
-        drop = trainer_state.tied_keys(model)
-        snapshots["served_before"] = {k: v.detach().to(dtype or v.dtype, copy=True)
-                                      for k, v in model.state_dict().items() if k not in drop}
+    model = _load(cfg.model, head_t, row_temps, _direct_device(accelerator))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -141,16 +153,19 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     model, opt = accelerator.prepare(model, opt)
     # Stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
     accelerator.register_for_checkpointing(sched)
+    snapshots: dict = {}
+    audit = cfg.audit and not cfg.lora
+    if audit:  # what was served before: the input checkpoint (the masters as loaded), this process's share
+        snapshots["served_before"] = masters.snapshot(accelerator, model, trainer_state.serving_dtype(cfg.model))
     counters = {"updates": 0, "optimizer_steps": 0, "base_model": base}
-    timings: dict = {}
+    timings: dict = {"rss_before_load_mb": rss_before}
     if state is not None:
         t0 = time.perf_counter()
         accelerator.load_state(state["path"])
         timings["state_load_s"] = round(time.perf_counter() - t0, 3)
         counters.update(updates=state.get("updates", 0), optimizer_steps=state.get("optimizer_steps", 0))
-        if cfg.audit and not cfg.lora:
-            sd = accelerator.get_state_dict(model)
-            snapshots["master_before"] = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in sd.items()}
+        if audit:  # the real fp32 masters (the optimizer's, under DeepSpeed), this process's share
+            snapshots["master_before"] = masters.snapshot(accelerator, model)
     return Trainer(accelerator, model, opt, sched, ref, tokenizer, row_temps, ref_kind, counters, snapshots, timings)
 
 
