@@ -103,7 +103,7 @@ for ((i = 0; i < ITERS; i++)); do
     echo "== iteration $i: done" >&2
     continue
   fi
-  echo "== iteration $i (model: $ckpt)" >&2
+  echo "== iteration $i (model: $ckpt; sampler: $sampler)" >&2
   waits=() after=""   # the jobs to wait for; the last job of the chain so far
   dep() { [[ -z "$after" ]] || echo "--dependency=afterok:$after"; }
   if ((i == 0 && EVAL_EVERY > 0)) && ! done_ "$eval"; then   # the curve's starting point: MODEL itself
@@ -182,7 +182,10 @@ for ((i = 0; i < ITERS; i++)); do
   fi
   for j in "${waits[@]}" "${pending[@]}"; do wait_gone "$j"; done
   outs=("$designs" "$validated" "$scores" "${pending_outs[@]}")
-  [[ "$PIPELINE" == 1 ]] || outs+=("$next_ckpt" $( ((eval_due)) && echo "$next_eval"))
+  if [[ "$PIPELINE" != 1 ]]; then
+    outs+=("$next_ckpt")
+    ((eval_due)) && outs+=("$next_eval")
+  fi
   ((i == 0 && EVAL_EVERY > 0)) && outs+=("$eval")
   check_written "iteration $i" "${outs[@]}"
   pending=() pending_outs=()
@@ -190,7 +193,8 @@ for ((i = 0; i < ITERS; i++)); do
     after=""
     submit_update
     [[ -n "$after" ]] && pending=("$after")
-    pending_outs=("$next_ckpt" $( ((eval_due)) && echo "$next_eval"))
+    pending_outs=("$next_ckpt")
+    ((eval_due)) && pending_outs+=("$next_eval")
     echo "== iteration $i generated; its update runs beside the next generation" >&2
   else
     echo "== iteration $i done" >&2
