@@ -103,3 +103,48 @@ def test_the_two_loops_never_mix_in_one_run_directory(tmp_path: Path) -> None:
     assert not (old / "run" / "loop_mode").exists()
     res = _loop(tmp_path, PIPELINE="2")
     assert res.returncode == 2 and "PIPELINE must be 0 or 1" in res.stderr
+
+
+def _schedule(tmp_path: Path, **env: str) -> list[tuple[str, str, str]]:
+    """The stages the real loop runs, in order, as (stage, --model, --out) with the benchmark's stand-in
+    stages (recipes/bench_pipeline.py): the schedule without the cost of running it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_pipeline", REPO / "recipes" / "bench_pipeline.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tmp_path.mkdir(exist_ok=True)
+    spade = tmp_path / "spade"
+    trace = 'echo "$cmd ${opt[--model]:--} ${opt[--out]:--}" >>"$TRACE"\ncase $cmd in'
+    spade.write_text(bench.STAND_IN.replace("case $cmd in", trace, 1))
+    spade.chmod(0o755)
+    bench.write_tables(tmp_path / "tables", [tmp_path / "run"], int(env["ITERS"]))
+    environ = {**os.environ, "BENCH_TABLES": str(tmp_path / "tables"), "BENCH_TRAIN_S": "0",
+               **{f"BENCH_{k.upper()}_S": "0" for k in bench.GEN_SHARE}, "TRACE": str(tmp_path / "trace"),
+               "SPADE": str(spade), "UPDATE_CMD": str(spade), "MODEL": "base", "RUN": str(tmp_path / "run"), **env}
+    res = subprocess.run(["bash", str(REPO / "recipes" / "loop.sh")], env=environ, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.replace(f"{tmp_path}/run/", "").split() for line in (tmp_path / "trace").read_text().splitlines()]
+    return [(s, m.replace("ckpt/iter_000", "c"), o) for s, m, o in rows if s in ("rollout", "update", "eval")]
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_iteration_i_samples_from_checkpoint_i_minus_staleness_and_evaluations_keep_their_place(
+        tmp_path: Path, staleness: int) -> None:
+    steps = _schedule(tmp_path, PIPELINE="1", STALENESS=str(staleness), ITERS="4", EVAL_EVERY="2")
+    sampled = {int(o.split("/")[0][-1]): m for s, m, o in steps if s == "rollout"}
+    assert sampled == {i: "base" if i <= staleness else f"c{i - staleness}" for i in range(4)}
+    assert [(m, o) for s, m, o in steps if s == "update"] == \
+        [("base", "ckpt/iter_0001")] + [(f"c{i}", f"ckpt/iter_000{i + 1}") for i in (1, 2, 3)]
+    # every evaluation of the sequential loop (the model, every 2nd checkpoint, the last), none twice
+    assert sorted(m for s, m, _ in steps if s == "eval") == ["base", "c2", "c4"]
+    # update(i) is started before the generation of iteration i + staleness (they overlap) ...
+    order = [(s, o) for s, _, o in steps]
+    for i in range(4 - staleness):
+        assert order.index(("update", f"ckpt/iter_000{i + 1}")) < \
+            order.index(("rollout", f"iter_000{i + staleness}/rollouts.jsonl"))
+    # ... and the sequential loop runs the same stages one after the other, each with its own checkpoint
+    seq = _schedule(tmp_path / "seq", PIPELINE="0", ITERS="4", EVAL_EVERY="2")
+    assert {int(o.split("/")[0][-1]): m for s, m, o in seq if s == "rollout"} == \
+        {0: "base", 1: "c1", 2: "c2", 3: "c3"}
