@@ -27,7 +27,9 @@ with old log-probs recomputed by the trainer and TRL's sampler correction (TIS) 
 sampler log-probs; log-probs come from TRL's fused LM head at each sample's temperature; device
 placement, gradient accumulation, DeepSpeed and FSDP come from accelerate, so ``accelerate launch``
 works unchanged. Modules: ``stages.update_samples`` (rows -> samples), ``stages.update_train``
-(set-up and the optimizer pass), ``spade_cli.trainer_state`` (what survives between updates).
+(set-up and the optimizer pass), ``spade_cli.trainer_state`` (what survives between updates),
+``stages.update_staleness`` (which checkpoint drew the samples and how many updates behind ``--model``
+it is: 1 in the pipelined loop, recorded in ``update.json`` and bounded by ``--max-staleness``).
 
 The output is the served checkpoint (the input's dtype) plus ``trainer_state/`` (fp32 masters,
 Adam, scheduler, RNG), which the next update resumes when given this checkpoint as ``--model``.
