@@ -117,6 +117,7 @@ def _check_the_run(cwd: Path, tiny_model: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow  # the 3-iteration loop twice or more: CI's second tier (.ci/run)
+@pytest.mark.timeout(3000)  # "all": eight kills and reruns, one after the other
 @pytest.mark.parametrize("kills", ["quick", "all"])
 def test_the_pipelined_loop_samples_one_behind_and_resumes_to_the_artifacts_of_an_uninterrupted_run(
         tiny_model, tmp_path, kills):
