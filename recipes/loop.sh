@@ -83,6 +83,9 @@ case ",${EVAL_TASKS// /}" in
 esac
 EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
+# >>> loop mode (docs/pipeline.md): a run dir holds one mode; PIPELINE=1 continues in loop_pipelined.sh
+source "$(dirname "${BASH_SOURCE[0]}")/loop_mode.sh"
+# <<< loop mode
 
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \
      "SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY POOL=${POOL:-none}" \

@@ -11,7 +11,10 @@ and leaves the rest empty, so a run that is still going (or died) reports what i
   score and Vendi/n from the manifest summary (``vendi``, ``vendi_per_n``, else
   ``diversity.{vendi,vendi_per_n}``).
 - ``ckpt/iter_{i+1}/update.json``, the update that followed iteration i: loss, KL, entropy, clip
-  ratios, grad norm, per-role advantage and reward stats (any numeric leaf, read defensively).
+  ratios, grad norm, per-role advantage and reward stats, the sampler correction's statistics
+  (``update.sampler.*``) and how many updates behind the trained checkpoint its samples were drawn
+  (``update.staleness.*``: 0 in the sequential loop, 1 in the pipelined one; any numeric leaf, read
+  defensively).
 - ``eval/iter_{i}.jsonl``: the evaluation of the checkpoint iteration i played with; one column
   ``eval:<task>/<metric>`` per row. An eval of the final checkpoint gets a row of its own.
 
@@ -40,7 +43,7 @@ from spade_cli.artifacts import atomic_write_text, manifest_path, read_rows
 from spade_cli.layout import RunLayout
 from spade_cli.records import Design, Eval, Rollout, Score, Validation
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 def _mean(values: list[float]) -> float | None:
@@ -142,14 +145,15 @@ def _flatten(prefix: str, value: Any, out: dict) -> None:
 
 
 def _update(path: Path) -> dict:
-    """Numeric leaves of update.json's ``metrics`` and ``roles``, prefixed ``update.``."""
+    """Numeric leaves of update.json's ``metrics``, ``roles``, ``sampler`` and ``staleness``, prefixed
+    ``update.``."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     out: dict[str, Any] = {}
     if isinstance(data, dict):
-        _flatten("update", {k: data[k] for k in ("metrics", "roles") if k in data} or data, out)
+        _flatten("update", {k: data[k] for k in ("metrics", "roles", "sampler", "staleness") if k in data} or data, out)
     return {k.replace("update.metrics.", "update."): v for k, v in out.items()}
 
 

@@ -27,7 +27,9 @@ with old log-probs recomputed by the trainer and TRL's sampler correction (TIS) 
 sampler log-probs; log-probs come from TRL's fused LM head at each sample's temperature; device
 placement, gradient accumulation, DeepSpeed and FSDP come from accelerate, so ``accelerate launch``
 works unchanged. Modules: ``stages.update_samples`` (rows -> samples), ``stages.update_train``
-(set-up and the optimizer pass), ``spade_cli.trainer_state`` (what survives between updates).
+(set-up and the optimizer pass), ``spade_cli.trainer_state`` (what survives between updates),
+``stages.update_staleness`` (which checkpoint drew the samples and how many updates behind ``--model``
+it is: 1 in the pipelined loop, recorded in ``update.json`` and bounded by ``--max-staleness``).
 
 The output is the served checkpoint (the input's dtype) plus ``trainer_state/`` (fp32 masters,
 Adam, scheduler, RNG), which the next update resumes when given this checkpoint as ``--model``.
@@ -53,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from spade_cli import preempt
 from spade_cli.artifacts import SpadeError, Stage, atomic_write_text, expand_inputs, later_defaults_dropped
+from stages import update_staleness
 from stages.update_samples import collect_samples
 
 if TYPE_CHECKING:  # spade_cli.grpo imports torch: only inside functions here
@@ -110,6 +113,7 @@ class UpdateConfig:
     fresh_optimizer: bool = False
     keep_state_every: int = 0  # prune superseded trainer states unless updates % N == 0 (0: keep all)
     audit: bool = True
+    max_staleness: int | None = None  # refuse samples drawn more than N updates before --model (None: any)
     seed: int = 0
 
 
@@ -250,7 +254,7 @@ def _pass_through(cfg: UpdateConfig, stage: Stage, counts: dict, log: Callable[[
         AutoModelForCausalLM.from_pretrained(cfg.model).save_pretrained(tmp)
         AutoTokenizer.from_pretrained(cfg.model).save_pretrained(tmp)
     report = {"metrics": None, "roles": None, "counts": counts, "config": asdict(cfg), "unchanged": True,
-              "reason": why}
+              "reason": why, "staleness": stage.extra.get("staleness")}
     atomic_write_text(tmp / "update.json", json.dumps(report, indent=2, default=str) + "\n")
     if out.exists():
         trash = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -306,13 +310,19 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     # input fingerprint: it is write-once, and pruning it later must not make this run stale.
     semantic = later_defaults_dropped({k: v for k, v in asdict(cfg).items()
                                        if k not in ("designs", "rollouts", "scores", "out", "keep_state_every",
-                                                    "audit")}, "update")
+                                                    "audit", "max_staleness")}, "update")
     out = Path(cfg.out)
     stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():
         return {"status": "up to date", "out": str(out)}
 
     t0 = time.time()
+    # Which checkpoints drew the samples and how far behind --model they are (the pipelined loop
+    # trains on samples one update old): recorded in update.json and the manifest, bounded on request.
+    staleness = update_staleness.measure(cfg.model, cfg.rollouts if cfg.agent_weight != 0.0 else [],
+                                         cfg.designs if cfg.designer_weight != 0.0 else [])
+    update_staleness.check(staleness, cfg.max_staleness)
+    stage.extra["staleness"] = staleness
     if force:
         _remove_partials(out)
     state, base = _resolve_state(cfg)
@@ -354,7 +364,7 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
               "trainer_state": state_report, "audit": saved.get("audit"), "host_memory": saved.get("host_memory"),
               "kl_reference": {"kind": cfg.kl_reference, "path": base if cfg.kl_reference == "base" else
                                _model_id(cfg.model), "via": tr.ref_kind} if cfg.beta != 0.0 else None,
-              "counts": counts, "config": asdict(cfg)}
+              "staleness": stage.extra.get("staleness"), "counts": counts, "config": asdict(cfg)}
     accelerator = tr.accelerator
     summary = {"status": "ok", "out": str(out), "samples": len(samples),
                "agent_samples": sum(s.role == "agent" for s in samples),

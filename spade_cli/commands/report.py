@@ -12,7 +12,8 @@ from spade_cli.cli import PANEL_HELPERS, command, console, finish
 # What the terminal table shows; the CSV has every column.
 SHOWN = [("iteration", "iter"), ("valid", "valid"), ("valid_rate", "valid%"), ("invalid_reasons", "top reason"),
          ("unhinted_mean", "unhinted"), ("hinted_mean", "hinted"), ("regret_mean", "regret"),
-         ("vendi_per_n", "Vendi/n"), ("update.loss", "loss"), ("update.kl", "kl")]
+         ("vendi_per_n", "Vendi/n"), ("update.loss", "loss"), ("update.kl", "kl"),
+         ("update.staleness.behind", "behind")]  # updates between the sampler and the trained model
 
 
 def _fmt(key: str, value: Any) -> str:

@@ -93,6 +93,9 @@ def update(
     keep_state_every: Annotated[int, _opt("--keep-state-every", "Prune the input's state unless its "
                                           "update count is a multiple of N (0: keep all).", _STATE, min=0)] = 0,
     audit: Annotated[bool, _opt("--audit/--no-audit", "Weight-change audit in update.json.", _STATE)] = True,
+    max_staleness: Annotated[int | None, _opt("--max-staleness", "Refuse samples drawn more than N updates "
+                                              "before --model (the pipelined loop passes 1).", _STATE, min=0)]
+    = None,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     force: ForceOpt = False,
@@ -125,7 +128,8 @@ def update(
         gradient_accumulation_steps=gradient_accumulation_steps, num_iterations=num_iterations,
         max_grad_norm=max_grad_norm, max_completion_length=max_completion_length, lora=lora, lora_r=lora_r,
         lora_alpha=lora_alpha, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
-        fresh_optimizer=fresh_optimizer, keep_state_every=keep_state_every, audit=audit, seed=seed)
+        fresh_optimizer=fresh_optimizer, keep_state_every=keep_state_every, audit=audit,
+        max_staleness=max_staleness, seed=seed)
     for name, value, allowed in (("--loss-type", loss_type, ("grpo", "bnpo", "dr_grpo", "dapo")),
                                  ("--scale-rewards", scale_rewards, ("group", "batch", "none")),
                                  ("--agent-episodes", agent_episodes, ("unhinted", "hinted", "both")),

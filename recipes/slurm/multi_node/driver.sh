@@ -11,6 +11,8 @@
 #     SERVER=transformers SERVE_HOST=127.0.0.1 SERVE_ARGS="--device cpu --dtype float32" \
 #     UPDATE_CMD=spade UPDATE_ARGS= SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=1" bash recipes/slurm/multi_node/driver.sh
 #   # no fleet (SERVE=0): the shards load the model themselves (ROLLOUT_BACKEND=hf or vllm)
+#   # PIPELINE=1 (docs/pipeline.md): the design, rollout array and regret of iteration i+1 run with
+#   # checkpoint i while the update job of iteration i trains; update(i+1) trains on samples one update old
 #
 # The artifacts and the stage flags are those of recipes/loop.sh (the same layout, from
 # `spade paths --shell`; the memory by iteration; the same knobs), so a run may move between the two.
@@ -34,6 +36,7 @@ export ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-openai}"  # openai: the fleet of serv
 export SERVER="${SERVER:-vllm}"
 CORPUS="${CORPUS:-}"; GROUNDING="${GROUNDING:-1}"; MEMORY="${MEMORY:-1}"; SIGNAL="${SIGNAL:-regret}"
 REPLAY="${REPLAY:-0}"; POOL="${POOL:-}"; FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"
+PIPELINE="${PIPELINE:-0}"; STALENESS="${STALENESS:-1}"  # 1: pipelined iterations, one update behind (loop.sh's knobs)
 EVAL_EVERY="${EVAL_EVERY:-25}"; EVAL_TASKS="${EVAL_TASKS:-rg:basic_arithmetic:50}"; EVAL_LIMIT="${EVAL_LIMIT:-}"
 # the Designer's and eval's Qwen3 thinking-mode sampling and budgets, as in loop.sh (which says why)
 QWEN3_DESIGN="--thinking --temperature 0.6 --top-p 0.95 --top-k 20 --think-tokens 4096"
@@ -55,8 +58,11 @@ export K="${K:-8}" MAX_TURNS="${MAX_TURNS:-16}" SEED ROLLOUT_ARGS="${ROLLOUT_ARG
 export SPADE_REPO="${SPADE_REPO:-$(cd "$(dirname "$0")/../../.." && pwd)}"
 HERE="$SPADE_REPO/recipes/slurm/multi_node"
 echo "== multi-node driver: RUN=$RUN MODEL=$MODEL ITERS=$ITERS SHARDS=$SHARDS SERVE=$SERVE" \
-     "BACKEND=$BACKEND ROLLOUT_BACKEND=$ROLLOUT_BACKEND POOL=${POOL:-none} EVAL_EVERY=$EVAL_EVERY" >&2
+     "BACKEND=$BACKEND ROLLOUT_BACKEND=$ROLLOUT_BACKEND POOL=${POOL:-none} EVAL_EVERY=$EVAL_EVERY PIPELINE=$PIPELINE" >&2
 mkdir -p logs "$RUN"
+[[ "$PIPELINE" != 1 || "$STALENESS" == 1 ]] || { echo "the driver pipelines with STALENESS=1 only" >&2; exit 2; }
+# the run directory's mode, recorded and checked as recipes/loop.sh does: the two loops never mix
+LOOP_MODE_CHECK_ONLY=1 source "$SPADE_REPO/recipes/loop_mode.sh"
 
 # submit [SBATCH OPTIONS...] SCRIPT [ARGS...]: prints the job id
 submit() {
@@ -68,6 +74,14 @@ submit() {
 done_() { [[ -f "$1.manifest.json" ]]; }
 gone() { [[ -z "$(squeue -h -j "$1" -o %i 2>/dev/null)" ]]; }
 wait_gone() { while ! gone "$1"; do sleep "$POLL_S"; done; }
+check_written() {  # check_written WHAT OUT...: every OUT has its manifest, or the run stops here
+  local what=$1 out; shift
+  for out in "$@"; do
+    done_ "$out" || { echo "$what: $out was not written (a job failed; its dependents were" \
+                           "cancelled); see logs/ and rerun this script to resume" >&2; exit 1; }
+  done
+}
+pending=() pending_outs=()   # pipelined: the update (and eval) jobs of the iteration before, and their outputs
 serve_job=""
 trap '[[ -z "$serve_job" ]] || scancel "$serve_job" 2>/dev/null || true' EXIT
 eval_flags=(--tasks "$EVAL_TASKS" --backend "$BACKEND")
@@ -79,7 +93,9 @@ for ((i = 0; i < ITERS; i++)); do
   layout="$(spade paths "$RUN" --iteration "$i" --shard "0/$SHARDS" --shell)"
   eval "$layout"
   ((i == 0)) && ckpt="$MODEL"
-  designer="$ckpt"; [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
+  # the checkpoint that samples this iteration: its own, or the one before it when pipelined
+  sampler="$ckpt"; [[ "$PIPELINE" == 1 ]] && sampler="${prev_ckpt:-$MODEL}"; prev_ckpt="$ckpt"
+  designer="$sampler"; [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
   eval_due=0
   ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)) && eval_due=1
   if done_ "$next_ckpt" && { ((eval_due == 0)) || done_ "$next_eval"; } \
@@ -87,7 +103,7 @@ for ((i = 0; i < ITERS; i++)); do
     echo "== iteration $i: done" >&2
     continue
   fi
-  echo "== iteration $i (model: $ckpt)" >&2
+  echo "== iteration $i (model: $ckpt; sampler: $sampler)" >&2
   waits=() after=""   # the jobs to wait for; the last job of the chain so far
   dep() { [[ -z "$after" ]] || echo "--dependency=afterok:$after"; }
   if ((i == 0 && EVAL_EVERY > 0)) && ! done_ "$eval"; then   # the curve's starting point: MODEL itself
@@ -121,7 +137,7 @@ for ((i = 0; i < ITERS; i++)); do
   # (the iteration's directory appears only when its design job runs)
   shards_done=$({ compgen -G "$rollout_shards_glob.manifest.json" || true; } | wc -l)
   if ((shards_done < SHARDS)) && ! done_ "$scores"; then
-    export ITER="$i" CKPT="$ckpt" SERVERS="" SERVE_JOB=""
+    export ITER="$i" CKPT="$sampler" SERVERS="" SERVE_JOB=""
     serve_dep=()
     if [[ "$SERVE" == 1 ]]; then   # the fleet starts while design and validate run
       serve_job="$(submit --nodes="$SERVE_NODES" "$HERE/serve.sbatch")"
@@ -140,16 +156,22 @@ for ((i = 0; i < ITERS; i++)); do
     after="$(submit "${cpu[@]}" $(dep) --job-name=spade-regret "$HERE/stage.sbatch" \
       spade regret "${envs[@]}" --rollouts "$rollouts_glob" --out "$scores" "${flags[@]}" $REGRET_ARGS)"
   fi
-  if ! done_ "$next_ckpt"; then
-    export ITER="$i" CKPT="$ckpt" UPDATE_ARGS="$UPDATE_ARGS_BASE"
-    [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && UPDATE_ARGS+=" --designer-weight 0"
-    after="$(submit $(dep) --nodes="$UPDATE_NODES" "$HERE/update.sbatch")"
-  fi
-  if ((eval_due)) && ! done_ "$next_eval"; then
-    # shellcheck disable=SC2086
-    after="$(submit "${gpu[@]}" $(dep) --job-name=spade-eval "$HERE/stage.sbatch" \
-      spade eval --model "$next_ckpt" "${eval_flags[@]}" --out "$next_eval" $EVAL_ARGS)"
-  fi
+  # update(i) and the evaluation of its checkpoint; pipelined, they are submitted once regret(i) and
+  # update(i-1) are done, and waited for only at the end of iteration i+1, after its generation
+  submit_update() {
+    if ! done_ "$next_ckpt"; then
+      export ITER="$i" CKPT="$ckpt" UPDATE_ARGS="$UPDATE_ARGS_BASE"
+      [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && UPDATE_ARGS+=" --designer-weight 0"
+      [[ "$PIPELINE" == 1 ]] && UPDATE_ARGS+=" --max-staleness $STALENESS"
+      after="$(submit $(dep) --nodes="$UPDATE_NODES" "$HERE/update.sbatch")"
+    fi
+    if ((eval_due)) && ! done_ "$next_eval"; then
+      # shellcheck disable=SC2086
+      after="$(submit "${gpu[@]}" $(dep) --job-name=spade-eval "$HERE/stage.sbatch" \
+        spade eval --model "$next_ckpt" "${eval_flags[@]}" --out "$next_eval" $EVAL_ARGS)"
+    fi
+  }
+  [[ "$PIPELINE" == 1 ]] || submit_update
   [[ -n "$after" ]] && waits+=("$after")
 
   if [[ -n "$serve_job" ]]; then   # the fleet is needed only while the array runs
@@ -158,12 +180,26 @@ for ((i = 0; i < ITERS; i++)); do
     wait_gone "$serve_job"          # its servers are gone before the next fleet starts
     serve_job=""
   fi
-  for j in "${waits[@]}"; do wait_gone "$j"; done
-  for out in "$designs" "$validated" "$scores" "$next_ckpt" \
-             $( ((eval_due)) && echo "$next_eval") $( ((i == 0 && EVAL_EVERY > 0)) && echo "$eval"); do
-    done_ "$out" || { echo "iteration $i: $out was not written (a job failed; its dependents were" \
-                           "cancelled); see logs/ and rerun this script to resume" >&2; exit 1; }
-  done
-  echo "== iteration $i done" >&2
+  for j in "${waits[@]}" "${pending[@]}"; do wait_gone "$j"; done
+  outs=("$designs" "$validated" "$scores" "${pending_outs[@]}")
+  if [[ "$PIPELINE" != 1 ]]; then
+    outs+=("$next_ckpt")
+    ((eval_due)) && outs+=("$next_eval")
+  fi
+  ((i == 0 && EVAL_EVERY > 0)) && outs+=("$eval")
+  check_written "iteration $i" "${outs[@]}"
+  pending=() pending_outs=()
+  if [[ "$PIPELINE" == 1 ]]; then   # update(i) trains while the next iteration generates
+    after=""
+    submit_update
+    [[ -n "$after" ]] && pending=("$after")
+    pending_outs=("$next_ckpt")
+    ((eval_due)) && pending_outs+=("$next_eval")
+    echo "== iteration $i generated; its update runs beside the next generation" >&2
+  else
+    echo "== iteration $i done" >&2
+  fi
 done
+for j in "${pending[@]}"; do wait_gone "$j"; done
+check_written "the last update" "${pending_outs[@]}"
 spade report "$RUN"

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# loop_pipelined.sh — the SPADE loop with pipelined iterations: iteration i+1 generates while update(i) trains.
+#
+#   PIPELINE=1 MODEL=Qwen/Qwen3-4B RUN=runs/piped bash recipes/loop.sh
+#   PIPELINE=1 GEN_DEVICES=0,1,2,3 TRAIN_DEVICES=4,5,6,7 ... bash recipes/loop.sh   # one node, GPUs split
+#
+# loop.sh sources this file after reading every knob (MODEL, RUN, ITERS, the *_ARGS, ...; see there)
+# and checking the run directory's mode (recipes/loop_mode.sh); run directly, it goes through loop.sh.
+# What changes (docs/pipeline.md): with STALENESS=1, design, validate, rollout and regret of
+# iteration i+1 run with checkpoint i while update(i) trains checkpoint i+1 on other devices;
+# update(i+1) then trains checkpoint i+1 on samples that checkpoint i drew, one update behind,
+# corrected by the update's truncated importance sampling against the stored sampler log-probs, and
+# refused beyond the bound (`spade update --max-staleness`). Iteration i samples from checkpoint
+# max(i - STALENESS, 0). Each update records in update.json and its manifest which checkpoint drew
+# its samples and how far behind it was; `spade report` shows it.
+#
+# Two lanes: generation (eval of a new checkpoint, then design → validate → rollout → regret of the
+# iterations whose sampler exists) in the foreground, and the update in the background. Every stage
+# reads only write-once artifacts fixed by the schedule above, never by timing, so a rerun after any
+# kill ends with the artifacts of an uninterrupted pipelined run. SIGTERM goes to both lanes; each
+# stops at a unit boundary, and the loop exits 75 once both have.
+set -euo pipefail
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  PIPELINE=1 exec bash "$(dirname "$0")/loop.sh" "$@"
+fi
+GEN_DEVICES="${GEN_DEVICES:-}"      # CUDA_VISIBLE_DEVICES of design, rollout and eval (empty: inherited)
+TRAIN_DEVICES="${TRAIN_DEVICES:-}"  # CUDA_VISIBLE_DEVICES of the update (empty: inherited)
+if ((ROLLOUT_SHARDS > 1)); then
+  echo "PIPELINE=1 plays rollouts in this loop; a rollout array is recipes/slurm/multi_node/driver.sh's" \
+       "(PIPELINE=1 there too)" >&2
+  exit 2
+fi
+
+echo "== spade loop (pipelined, staleness $STALENESS): RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS" \
+     "GROUP=$GROUP K=$K BACKEND=$BACKEND SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY" \
+     "POOL=${POOL:-none} FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" \
+     "GEN_DEVICES=${GEN_DEVICES:-all} TRAIN_DEVICES=${TRAIN_DEVICES:-all}" >&2
+
+backend_flags=(--backend "$BACKEND")
+[[ -n "$BASE_URL" ]] && backend_flags+=(--base-url "$BASE_URL")
+eval_flags=(--tasks "$EVAL_TASKS" "${backend_flags[@]}")
+[[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
+
+# As in loop.sh, stages run in the background so that this shell takes SIGTERM between commands and
+# hands it on, here to both lanes: `child` the generation stage, `upd` the update.
+child="" upd="" stop=0
+trap 'stop=1; for p in $child $upd; do kill -TERM "$p" 2>/dev/null || true; done' TERM
+reap() {  # reap PID: wait until it has really exited (a trapped signal ends `wait` early); sets rc
+  rc=0
+  wait "$1" || rc=$?
+  while kill -0 "$1" 2>/dev/null; do rc=0; wait "$1" || rc=$?; done
+}
+finish_update() {  # wait for the background update; a failure of it fails the loop
+  [[ -n "$upd" ]] || return 0
+  reap "$upd"
+  upd=""
+  if ((stop)); then echo "== SIGTERM: both lanes stopped at a unit boundary; rerun to resume" >&2; exit 75; fi
+  ((rc == 0)) || { echo "== the update of iteration $upd_iter failed (exit $rc)" >&2; exit "$rc"; }
+}
+stage() {  # a generation stage in the foreground, beside the update
+  local code
+  if ((stop)); then finish_update; exit 75; fi  # a SIGTERM between two stages: start no new one
+  if [[ -n "$GEN_DEVICES" ]]; then CUDA_VISIBLE_DEVICES="$GEN_DEVICES" "$@" & else "$@" & fi
+  child=$!
+  reap "$child"
+  child="" code=$rc
+  if ((stop || code != 0)); then
+    finish_update  # the update's work is kept either way; it exits 75 on a stop
+    ((stop)) && { echo "== SIGTERM: stopped at a unit boundary; rerun to resume" >&2; exit 75; }
+    exit "$code"
+  fi
+}
+
+generate() {  # generate J SAMPLER: design, validate, rollout and regret of iteration J with SAMPLER
+  local j=$1 sampler=$2 designer
+  eval "$("$SPADE" paths "$RUN" --iteration "$j" --shell)"
+  if [[ -f "$scores.manifest.json" ]]; then echo "== iteration $j: generated" >&2; return 0; fi
+  echo "== iteration $j: generating with $sampler" >&2
+  designer="$sampler"
+  [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
+  if [[ -n "$POOL" ]]; then
+    design_flags=(--pool "$POOL")
+  else
+    design_flags=(--model "$designer" --group "$GROUP" --signal "$SIGNAL" "${backend_flags[@]}")
+    if [[ "$GROUNDING" == 1 ]]; then
+      [[ -n "$CORPUS" ]] && design_flags+=(--corpus "$CORPUS")
+    else
+      design_flags+=(--no-grounding)
+    fi
+    [[ "$MEMORY" == 1 && -f "$memory" ]] && design_flags+=(--memory "$memory")
+  fi
+  # shellcheck disable=SC2086
+  stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$j" --seed "$SEED" --out "$designs" $DESIGN_ARGS
+  validate_flags=()
+  [[ -f "$memory" && -z "$POOL" ]] && validate_flags+=(--memory "$memory")
+  # shellcheck disable=SC2086
+  stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
+  envs_of "$j"
+  # shellcheck disable=SC2086
+  stage "$SPADE" rollout --model "$sampler" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
+    --iteration "$j" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
+  regret_flags=(--signal "$SIGNAL" --iteration "$j" --memory-out "$next_memory")
+  [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
+  ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
+  # shellcheck disable=SC2086
+  stage "$SPADE" regret "${envs[@]}" --rollouts "$rollouts" --out "$scores" "${regret_flags[@]}" $REGRET_ARGS
+}
+envs_of() {  # the --envs of iteration $1 (after `spade paths` of it): as loop.sh plays them
+  envs=(--envs "$validated")
+  (($1 > 0)) && [[ -f "$prev_replay" ]] && envs+=(--envs "$prev_replay")
+  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
+}
+ckpt_of() {  # the checkpoint iteration $1 trains from (MODEL for 0)
+  if (($1 == 0)); then echo "$MODEL"; else "$SPADE" paths "$RUN" --iteration "$1" --key ckpt; fi
+}
+eval_of() {  # eval_of C: evaluate checkpoint C if due (C % EVAL_EVERY == 0, the last one, and MODEL first)
+  local c=$1 model out
+  ((EVAL_EVERY > 0)) && ((c == 0 || c % EVAL_EVERY == 0 || c == ITERS)) || return 0
+  out="$("$SPADE" paths "$RUN" --iteration "$c" --key eval)"
+  [[ -f "$out.manifest.json" ]] && return 0
+  model="$(ckpt_of "$c")"
+  # shellcheck disable=SC2086
+  stage "$SPADE" eval --model "$model" "${eval_flags[@]}" --out "$out" $EVAL_ARGS
+}
+
+# The schedule: generation of iteration 0 (and up to STALENESS) with MODEL; then for every i, update(i)
+# in the background beside the evaluation of checkpoint i and the generation of iteration i+STALENESS
+# with checkpoint i.
+eval_of 0
+for ((j = 0; j < STALENESS && j < ITERS; j++)); do ((stop == 0)) || exit 75; generate "$j" "$MODEL"; done
+for ((i = 0; i < ITERS; i++)); do
+  ((stop == 0)) || exit 75
+  eval "$("$SPADE" paths "$RUN" --iteration "$i" --shell)"
+  ((i == 0)) && ckpt="$MODEL"
+  if [[ -f "$next_ckpt.manifest.json" ]]; then
+    echo "== update of iteration $i: done" >&2
+  else
+    echo "== update of iteration $i (from $ckpt)" >&2
+    update_flags=(--max-staleness "$STALENESS")
+    [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
+    upd_iter=$i
+    ((stop == 0)) || exit 75
+    # shellcheck disable=SC2086
+    if [[ -n "$TRAIN_DEVICES" ]]; then
+      CUDA_VISIBLE_DEVICES="$TRAIN_DEVICES" $UPDATE_CMD update --model "$ckpt" --designs "$validated" \
+        --rollouts "$rollouts" --scores "$scores" --out "$next_ckpt" "${update_flags[@]}" $UPDATE_ARGS &
+    else
+      $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" --scores "$scores" \
+        --out "$next_ckpt" "${update_flags[@]}" $UPDATE_ARGS &
+    fi
+    upd=$!
+  fi
+  ((i == 0)) || eval_of "$i"
+  j=$((i + STALENESS))
+  ((j < ITERS)) && generate "$j" "$(ckpt_of "$i")"
+  finish_update
+done
+eval_of "$ITERS"
+
+stage "$SPADE" report "$RUN"
+exit 0
