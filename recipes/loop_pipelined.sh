@@ -154,6 +154,8 @@ for ((i = 0; i < ITERS; i++)); do
   j=$((i + STALENESS))
   ((j < ITERS)) && generate "$j" "$(ckpt_of "$i")"
   finish_update
+  # shellcheck disable=SC2086  # retention once update(i) is done, as in loop.sh (docs/update.md)
+  [[ "$PRUNE" == 0 ]] || stage "$SPADE" prune "$RUN" -i "$i" --eval-every "$EVAL_EVERY" $PRUNE_ARGS
 done
 eval_of "$ITERS"
 
