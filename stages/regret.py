@@ -250,7 +250,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         rows.append(to_row(score))
 
     # every design of the iteration, invalid ones and duplicates included: collapse must show
-    texts = [diversity.design_text(r.title, r.code, r.hint, r.completion) for r in designs
+    texts = [diversity.design_parts(r.title, r.code, r.hint, r.completion) for r in designs
              if "replay" not in r.extra]
     div = diversity.diversity(texts, embedding)
 
