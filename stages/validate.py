@@ -26,7 +26,8 @@ The checks, in order:
    or with no task content, reach it on two seeds: ``spade_cli/probes.py``).
 
 ``duplicate`` runs right after the static checks, before any process starts: a design whose
-code, up to names, constants, comments and formatting (``spade_cli/astnorm.py``), is the code of
+code, up to names, constants, messages, dead code, unread names, the order of definitions, comments
+and formatting (``spade_cli/astnorm.py``), is the code of
 an env in ``--memory`` or of an earlier row of this input is a duplicate, whatever its hint; the
 first one wins and the check names the env it matched. Memory rows are compared by their
 ``ast_hash`` field when it was made by the current normalisation, else by hashing their ``code``,
