@@ -110,7 +110,7 @@ stage() {
 for ((i = 0; i < ITERS; i++)); do
   ((stop == 0)) || exit 75
   # sets $designs $validated $rollouts $rollouts_glob $scores $replay $prev_replay $memory
-  # $next_memory $ckpt $next_ckpt $eval $next_eval $iter_dir: one `spade paths` per iteration, because
+  # $next_memory $ckpt $next_ckpt $prev_ckpt $lp_before $eval $next_eval $iter_dir: one `spade paths` per iteration, because
   # each start of `spade` costs about a second
   eval "$("$SPADE" paths "$RUN" --iteration "$i" --shell)"
   ((i == 0)) && ckpt="$MODEL"
@@ -173,8 +173,20 @@ for ((i = 0; i < ITERS; i++)); do
       --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
   fi
 
+  # --- ema_lp: the previous checkpoint plays the same envs on the same seeds (docs/regret.md) -------
+  lp_flags=()
+  if [[ "$SIGNAL" == ema_lp ]] && ((i > 0)); then
+    before_model="$prev_ckpt"
+    ((i == 1)) && before_model="$MODEL"
+    # shellcheck disable=SC2086
+    stage "$SPADE" rollout --model "$before_model" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
+      --iteration "$i" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" $ROLLOUT_ARGS
+    lp_flags=(--before-rollouts "$lp_before")
+  fi
+  # --- end ema_lp -----------------------------------------------------------------------------------
+
   # regret reads the memory as of iteration i and writes the memory after it as a new file
-  regret_flags=(--signal "$SIGNAL" --iteration "$i" --memory-out "$next_memory")
+  regret_flags=(--signal "$SIGNAL" --iteration "$i" --memory-out "$next_memory" "${lp_flags[@]}")
   [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
   ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086
