@@ -81,6 +81,20 @@ esac
 EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
 
+# --- experiment settings (recipes/experiment.sh, recipes/baselines/static_pool.sh) ---------------
+# PRINT_SETTINGS=1: print the resolved settings as JSON and exit. This file is their one source of
+# truth: the baselines read them from here and experiment.sh stores them as each cell's settings.json.
+SHARED_SETTINGS=(MODEL ITERS N_ENVS GROUP K MAX_TURNS SEED BACKEND BASE_URL CORPUS REPLAY EXTRA_ENVS
+  EVAL_EVERY EVAL_TASKS EVAL_LIMIT DESIGN_ARGS VALIDATE_ARGS ROLLOUT_ARGS REGRET_ARGS UPDATE_ARGS EVAL_ARGS
+  UPDATE_CMD ROLLOUT_SHARDS)
+ARM_SETTINGS=(POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY)
+if [[ "${PRINT_SETTINGS:-0}" == 1 ]]; then
+  for k in "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"; do export "${k?}"; done
+  exec python3 -c 'import json, os, sys; print(json.dumps({k: os.environ[k] for k in sys.argv[1:]}, indent=1))' \
+    "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"
+fi
+# --- end experiment settings ----------------------------------------------------------------------
+
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \
      "SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY POOL=${POOL:-none}" \
      "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" >&2
