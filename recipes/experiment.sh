@@ -102,7 +102,7 @@ for c in "${cells[@]}"; do
   [[ "$DRY_RUN" == settings ]] && continue
   # what the cell's artifacts depend on: the arm's file and every knob set in the environment
   settings="$(echo "arm=$arm seed=$seed"; [[ -n "${file:-}" ]] && cat "$file"
-              env | grep -E '^(MODEL|ITERS|N_ENVS|GROUP|K|MAX_TURNS|BACKEND|BASE_URL|CORPUS|REPLAY|EVAL_[A-Z]+|POOL_SIZE|[A-Z]+_ARGS|UPDATE_CMD|ROLLOUT_SHARDS)=' | sort || true)"
+              env | grep -E '^(MODEL|ITERS|N_ENVS|GROUP|K|BUDGET_PAIRS|MAX_TURNS|BACKEND|BASE_URL|CORPUS|REPLAY|EVAL_[A-Z]+|POOL_SIZE|[A-Z]+_ARGS|UPDATE_CMD|ROLLOUT_SHARDS)=' | sort || true)"
   if [[ -f "$run/experiment.done" && "$(cat "$run/experiment.done")" == "$settings" ]]; then
     echo "== cell $c ($arm, seed $seed): done" >&2
     continue

@@ -82,9 +82,14 @@ EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
 
 # --- experiment settings (recipes/experiment.sh, recipes/baselines/static_pool.sh) ---------------
+# The Agent's budget: BUDGET_PAIRS seed pairs an iteration (2 episodes each), split over however many
+# envs are valid, so that every arm plays the same number of episodes (docs/report.md); "": K per env.
+BUDGET_PAIRS="${BUDGET_PAIRS-$((N_ENVS * K))}"
+budget_flags=()
+[[ -n "$BUDGET_PAIRS" ]] && budget_flags=(--budget-pairs "$BUDGET_PAIRS")
 # PRINT_SETTINGS=1: print the resolved settings as JSON and exit. This file is their one source of
 # truth: the baselines read them from here and experiment.sh stores them as each cell's settings.json.
-SHARED_SETTINGS=(MODEL ITERS N_ENVS GROUP K MAX_TURNS SEED BACKEND BASE_URL CORPUS REPLAY EXTRA_ENVS
+SHARED_SETTINGS=(MODEL ITERS N_ENVS GROUP K BUDGET_PAIRS MAX_TURNS SEED BACKEND BASE_URL CORPUS REPLAY EXTRA_ENVS
   EVAL_EVERY EVAL_TASKS EVAL_LIMIT DESIGN_ARGS VALIDATE_ARGS ROLLOUT_ARGS REGRET_ARGS UPDATE_ARGS EVAL_ARGS
   UPDATE_CMD ROLLOUT_SHARDS)
 ARM_SETTINGS=(POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY)
@@ -184,7 +189,7 @@ for ((i = 0; i < ITERS; i++)); do
   else
     # shellcheck disable=SC2086
     stage "$SPADE" rollout --model "$ckpt" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
-      --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
+      --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
   fi
 
   # --- ema_lp: the previous checkpoint plays the same envs on the same seeds (docs/regret.md) -------
@@ -194,7 +199,7 @@ for ((i = 0; i < ITERS; i++)); do
     ((i == 1)) && before_model="$MODEL"
     # shellcheck disable=SC2086
     stage "$SPADE" rollout --model "$before_model" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
-      --iteration "$i" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" $ROLLOUT_ARGS
+      --iteration "$i" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
     lp_flags=(--before-rollouts "$lp_before")
   fi
   # --- end ema_lp -----------------------------------------------------------------------------------
