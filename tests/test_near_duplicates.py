@@ -233,3 +233,47 @@ def test_pool_copies_are_not_near_duplicates() -> None:
     # the copy marker is a dead statement: the designer's row is a near-duplicate of the first copy
     assert dups[3][1] == rows[0].env_id and dups[4][1] == rows[0].env_id
     assert dups[1][2] == dups[2][2] == dups[4][2] == ast_hash(ORIGINAL)
+
+
+# guess_number.py rewritten in another structure, same messages: a new AST hash, the same game
+RESTRUCTURED = ORIGINAL.replace("        self.turns += 1\n", "        self.turns = self.turns + 1\n").replace(
+    '        hint = "higher" if guess < self.target else "lower"\n',
+    '        if guess < self.target:\n            hint = "higher"\n        else:\n            hint = "lower"\n')
+
+
+@pytest.mark.unit
+def test_behaviour_marks_later_copies_and_spares_pool_rows() -> None:
+    from spade_cli import behaviour
+
+    fp = behaviour.fingerprint(["Guess 1 to 100", "Too  HIGH"], 0.0, 2, False)
+    assert fp == behaviour.fingerprint(["guess 7 to 250", "too high"], 0.0, 2, False)  # numbers, case, spaces
+    assert fp != behaviour.fingerprint(["Guess 1 to 100", "too low"], 0.0, 2, False)
+    assert fp != behaviour.fingerprint(["Guess 1 to 100", "Too  HIGH"], 1.0, 2, True)
+
+    def row(env: str, valid: bool = True, pool: bool = False) -> dict:
+        return {"env_id": env, "valid": valid, "reason": None if valid else "trivial", "checks": [],
+                "stats": {"behaviour": fp}, "gen": {"backend": "pool"} if pool else {"backend": "hf"}}
+
+    seen = behaviour.seen_in([row("a", valid=False)])  # an invalid row is no original
+    assert seen == {}
+    rows = [behaviour.mark_duplicate(r, i, seen) for i, r in
+            enumerate([row("p1", pool=True), row("p2", pool=True), row("a"), row("b")])]
+    assert [r["reason"] for r in rows] == [None, None, None, "duplicate"]
+    assert rows[3]["stats"]["duplicate_of"] == "a" and "input row 3" in rows[3]["checks"][-1]["detail"]
+    assert behaviour.seen_in(rows) == {fp: (2, "a")}  # what a resumed run starts from
+
+
+@pytest.mark.integration
+def test_validate_flags_a_restructured_copy_by_its_behaviour(tmp_path: Path) -> None:
+    assert ast_hash(RESTRUCTURED) != ast_hash(ORIGINAL)  # the AST key alone lets it through
+    other = (BENIGN_DIR / "json_tools.py").read_text()
+    rows = [_design(ORIGINAL), _design(other), _design(RESTRUCTURED, "Another hint.")]
+    out = tmp_path / "v.jsonl"
+    r = run_spade("validate", "--designs", _write(tmp_path / "d.jsonl", rows), "--out", out, "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    got = _read(out)
+    assert [g["reason"] for g in got] == [None, None, "duplicate"]
+    last = got[2]["checks"][-1]
+    assert last["name"] == "duplicate_behaviour" and got[0]["env_id"] in last["detail"]
+    assert got[2]["stats"]["duplicate_of"] == got[0]["env_id"]
+    assert got[0]["stats"]["behaviour"] != got[1]["stats"]["behaviour"]
