@@ -18,10 +18,10 @@
 # MAX_TURNS, CORPUS, EVAL_*, *_ARGS, or a CONFIG env file of them) is the same for every arm, and
 # loop.sh resolves their defaults in one place (the static pool's designs read them from there too).
 # Each cell's resolved settings, shared and arm knobs, are written to EXP/ARM/seed_S/settings.json
-# before it runs: two arms' files differ only in their arm's knobs (docs/report.md). A fixed pool
-# is dealt to N_ENVS environments like the Designer's (spade_cli/pool.py), so each arm plays the
-# same number of Agent episodes per iteration; `spade compare` reports episodes and tokens per arm
-# and marks any arm whose budget still differs.
+# before it runs: two arms' files differ only in their arm's knobs (docs/report.md). Every arm's
+# rollout plays BUDGET_PAIRS seed pairs an iteration (N_ENVS * K) over however many envs are valid,
+# so each arm plays the same number of Agent episodes per iteration; `spade compare` reports
+# episodes and tokens per arm and warns loudly about any arm whose budget or settings still differ.
 #
 # Restartable: each cell is loop.sh, which resumes at its first incomplete stage. A cell that
 # finished writes EXP/ARM/seed_S/experiment.done holding its settings; a rerun with the same

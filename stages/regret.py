@@ -17,6 +17,10 @@ several, or a glob of shards) and optionally ``--memory``, the memory as of this
 - Diversity (Vendi score and Vendi/n over all of the iteration's designs, invalid and duplicate
   ones included) in the summary line and the manifest, with the embedding that ran.
 
+``--before-rollouts`` (ema_lp only): the previous checkpoint's rollouts of the same envs on the same
+seeds; their unhinted success opens the history of an env played for the first time, so its
+learning progress is the change over the Agent's last update (docs/regret.md).
+
 No file is both read and written: the memory of iteration i is an input like any other, fingerprinted
 by its hash, and the memory after iteration i is a side output recorded (path and sha256) in the
 manifest of ``scores.jsonl``. A rerun after success is "up to date"; a side output that was lost is

@@ -68,8 +68,9 @@ def in_shard(env_id: str, shard: tuple[int, int]) -> bool:
 
 
 def load_envs(paths: list[Path], shard: tuple[int, int]) -> tuple[dict[str, EnvSource], dict]:
-    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped and
-    (``key``) ``seed_material`` of every row, valid or not, in every shard: the seeds' key."""
+    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped,
+    (``key``) ``seed_material`` of every row, valid or not, in every shard: the seeds' key, and
+    (``all_valid``) every shard's valid env ids, over which ``--budget-pairs`` is split."""
     envs: dict[str, EnvSource] = {}
     counts: dict = {"rows": 0, "invalid": 0, "duplicate": 0, "other_shard": 0, "key": [], "all_valid": {}}
     for path, line, rec in read_rows(paths, expect="spade.validation"):
