@@ -4,6 +4,7 @@
 #   MODEL=Qwen/Qwen3-4B EXP=runs/exp bash recipes/experiment.sh              # every arm, seeds 0 1 2
 #   MODEL=... EXP=runs/exp ARMS="spade hand_curated" SEEDS="0 1" ITERS=50 bash recipes/experiment.sh
 #   DRY_RUN=1 ARMS="spade ema_lp" SEEDS="0 1" bash recipes/experiment.sh   # list the cells, run nothing
+#   MODEL=... DRY_RUN=settings bash recipes/experiment.sh   # each cell's settings.json only
 #   # one Slurm array job per cell: recipes/slurm/experiment_array.sbatch
 #
 # An arm is a name: `spade` (the loop as it is), NAME for recipes/ablations/NAME.env or
@@ -14,10 +15,13 @@
 #
 # Controls: the knobs that define an arm (POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY) are cleared
 # before each cell, so arms differ only by their file; every other knob (MODEL, ITERS, N_ENVS, K,
-# MAX_TURNS, EVAL_*, *_ARGS, or a CONFIG env file of them) is the same for every arm. A fixed pool
-# is dealt to N_ENVS environments like the Designer's (spade_cli/pool.py), so each arm plays the
-# same number of Agent episodes per iteration; `spade compare` reports episodes and tokens per arm
-# and marks any arm whose budget still differs.
+# MAX_TURNS, CORPUS, EVAL_*, *_ARGS, or a CONFIG env file of them) is the same for every arm, and
+# loop.sh resolves their defaults in one place (the static pool's designs read them from there too).
+# Each cell's resolved settings, shared and arm knobs, are written to EXP/ARM/seed_S/settings.json
+# before it runs: two arms' files differ only in their arm's knobs (docs/report.md). Every arm's
+# rollout plays BUDGET_PAIRS seed pairs an iteration (N_ENVS * K) over however many envs are valid,
+# so each arm plays the same number of Agent episodes per iteration; `spade compare` reports
+# episodes and tokens per arm and warns loudly about any arm whose budget or settings still differ.
 #
 # Restartable: each cell is loop.sh, which resumes at its first incomplete stage. A cell that
 # finished writes EXP/ARM/seed_S/experiment.done holding its settings; a rerun with the same
@@ -37,7 +41,8 @@ EXP="${EXP:-runs/exp}"
 ARMS="${ARMS:-spade static_pool hand_curated frozen_designer ema_lp no_grounding no_memory}"
 SEEDS="${SEEDS:-0 1 2}"
 CELL="${CELL:-}"                    # run only this cell (0-based); empty: all, then compare
-DRY_RUN="${DRY_RUN:-0}"             # 1: print "cell arm seed run recipe" per cell and exit
+DRY_RUN="${DRY_RUN:-0}"             # 1: print "cell arm seed run recipe" per cell and exit;
+                                    # settings: write each cell's settings.json, run nothing
 COMPARE_ARGS="${COMPARE_ARGS:-}"
 SPADE="${SPADE:-spade}"
 ARM_KNOBS=(POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY)
@@ -84,21 +89,25 @@ for c in "${cells[@]}"; do
     continue
   fi
   ((stop == 0)) || exit 75
-  # what the cell's artifacts depend on: the arm's file and every knob set in the environment
-  settings="$(echo "arm=$arm seed=$seed"; [[ -n "${file:-}" ]] && cat "$file"
-              env | grep -E '^(MODEL|ITERS|N_ENVS|GROUP|K|MAX_TURNS|BACKEND|BASE_URL|CORPUS|REPLAY|EVAL_[A-Z]+|POOL_SIZE|[A-Z]+_ARGS|UPDATE_CMD|ROLLOUT_SHARDS)=' | sort || true)"
-  if [[ -f "$run/experiment.done" && "$(cat "$run/experiment.done")" == "$settings" ]]; then
-    echo "== cell $c ($arm, seed $seed): done" >&2
-    continue
-  fi
-  echo "== cell $c: $arm, seed $seed, in $run" >&2
-  mkdir -p "$run"
   cmd=(bash "$HERE/loop.sh")
   [[ "$kind" == script ]] && cmd=(bash "$file")
   unset_knobs=()
   for k in "${ARM_KNOBS[@]}"; do unset_knobs+=(-u "$k"); done
   cell_env=(env "${unset_knobs[@]}" RUN="$run" SEED="$seed" SPADE="$SPADE")
   [[ "$kind" == loop && -n "${file:-}" ]] && cell_env+=(CONFIG="$file")
+  # the cell's resolved settings, as the recipe that runs it resolves them
+  mkdir -p "$run"
+  "${cell_env[@]}" PRINT_SETTINGS=1 "${cmd[@]}" >"$run/settings.json.tmp"
+  mv "$run/settings.json.tmp" "$run/settings.json"
+  [[ "$DRY_RUN" == settings ]] && continue
+  # what the cell's artifacts depend on: the arm's file and every knob set in the environment
+  settings="$(echo "arm=$arm seed=$seed"; [[ -n "${file:-}" ]] && cat "$file"
+              env | grep -E '^(MODEL|ITERS|N_ENVS|GROUP|K|BUDGET_PAIRS|MAX_TURNS|BACKEND|BASE_URL|CORPUS|REPLAY|EVAL_[A-Z]+|POOL_SIZE|[A-Z]+_ARGS|UPDATE_CMD|ROLLOUT_SHARDS)=' | sort || true)"
+  if [[ -f "$run/experiment.done" && "$(cat "$run/experiment.done")" == "$settings" ]]; then
+    echo "== cell $c ($arm, seed $seed): done" >&2
+    continue
+  fi
+  echo "== cell $c: $arm, seed $seed, in $run" >&2
   rc=0
   "${cell_env[@]}" "${cmd[@]}" &
   child=$!
@@ -109,6 +118,6 @@ for c in "${cells[@]}"; do
   ((rc == 0)) || exit "$rc"
   printf '%s' "$settings" >"$run/experiment.done.tmp" && mv "$run/experiment.done.tmp" "$run/experiment.done"
 done
-[[ "$DRY_RUN" == 1 || -n "$CELL" ]] && exit 0
+[[ "$DRY_RUN" != 0 || -n "$CELL" ]] && exit 0
 # shellcheck disable=SC2086
 "$SPADE" compare "$EXP" --out "$EXP/compare" $COMPARE_ARGS

@@ -87,6 +87,25 @@ SPADE="${SPADE:-spade}"
 source "$(dirname "${BASH_SOURCE[0]}")/loop_mode.sh"
 # <<< loop mode
 
+# --- experiment settings (recipes/experiment.sh, recipes/baselines/static_pool.sh) ---------------
+# The Agent's budget: BUDGET_PAIRS seed pairs an iteration (2 episodes each), split over however many
+# envs are valid, so that every arm plays the same number of episodes (docs/report.md); "": K per env.
+BUDGET_PAIRS="${BUDGET_PAIRS-$((N_ENVS * K))}"
+budget_flags=()
+[[ -n "$BUDGET_PAIRS" ]] && budget_flags=(--budget-pairs "$BUDGET_PAIRS")
+# PRINT_SETTINGS=1: print the resolved settings as JSON and exit. This file is their one source of
+# truth: the baselines read them from here and experiment.sh stores them as each cell's settings.json.
+SHARED_SETTINGS=(MODEL ITERS N_ENVS GROUP K BUDGET_PAIRS MAX_TURNS SEED BACKEND BASE_URL CORPUS REPLAY EXTRA_ENVS
+  EVAL_EVERY EVAL_TASKS EVAL_LIMIT DESIGN_ARGS VALIDATE_ARGS ROLLOUT_ARGS REGRET_ARGS UPDATE_ARGS EVAL_ARGS
+  UPDATE_CMD ROLLOUT_SHARDS)
+ARM_SETTINGS=(POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY)
+if [[ "${PRINT_SETTINGS:-0}" == 1 ]]; then
+  for k in "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"; do export "${k?}"; done
+  exec python3 -c 'import json, os, sys; print(json.dumps({k: os.environ[k] for k in sys.argv[1:]}, indent=1))' \
+    "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"
+fi
+# --- end experiment settings ----------------------------------------------------------------------
+
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \
      "SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY POOL=${POOL:-none}" \
      "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" >&2
@@ -116,7 +135,7 @@ stage() {
 for ((i = 0; i < ITERS; i++)); do
   ((stop == 0)) || exit 75
   # sets $designs $validated $rollouts $rollouts_glob $scores $replay $prev_replay $memory
-  # $next_memory $ckpt $next_ckpt $eval $next_eval $iter_dir: one `spade paths` per iteration, because
+  # $next_memory $ckpt $next_ckpt $prev_ckpt $lp_before $eval $next_eval $iter_dir: one `spade paths` per iteration, because
   # each start of `spade` costs about a second
   eval "$("$SPADE" paths "$RUN" --iteration "$i" --shell)"
   ((i == 0)) && ckpt="$MODEL"
@@ -176,11 +195,23 @@ for ((i = 0; i < ITERS; i++)); do
   else
     # shellcheck disable=SC2086
     stage "$SPADE" rollout --model "$ckpt" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
-      --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
+      --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
   fi
 
+  # --- ema_lp: the previous checkpoint plays the same envs on the same seeds (docs/regret.md) -------
+  lp_flags=()
+  if [[ "$SIGNAL" == ema_lp ]] && ((i > 0)); then
+    before_model="$prev_ckpt"
+    ((i == 1)) && before_model="$MODEL"
+    # shellcheck disable=SC2086
+    stage "$SPADE" rollout --model "$before_model" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
+      --iteration "$i" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
+    lp_flags=(--before-rollouts "$lp_before")
+  fi
+  # --- end ema_lp -----------------------------------------------------------------------------------
+
   # regret reads the memory as of iteration i and writes the memory after it as a new file
-  regret_flags=(--signal "$SIGNAL" --iteration "$i" --memory-out "$next_memory")
+  regret_flags=(--signal "$SIGNAL" --iteration "$i" --memory-out "$next_memory" "${lp_flags[@]}")
   [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
   ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086

@@ -19,7 +19,8 @@
 #    warm start plays seeds >= 2**31, which no rollout draws. It is evaluated, sampling as rollout
 #    samples (temperature 1), before the first iteration and after the last.
 # 4. recipes/loop.sh for ITERS iterations: design → validate → rollout → regret → update. The
-#    starter envs are played every iteration beside the designs (EXTRA_ENVS; on rollout seeds),
+#    starter envs are played every iteration beside the designs (EXTRA_ENVS; on rollout seeds,
+#    K each: BUDGET_PAIRS="", no arm here shares a budget),
 #    so the Agent trains on them whatever the Designer writes (REPLAY past envs too: none by
 #    default). Each Agent reply is credited with its own round's reward (AGENT_CREDIT=turn,
 #    TURN_GAMMA=0). The Designer's group of 4 trains when its rewards differ: an invalid design
@@ -94,7 +95,7 @@ MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" EXTRA_ENVS="$suit
 N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" MAX_TURNS="$MAX_TURNS" REPLAY="$REPLAY" BACKEND=hf \
 EVAL_EVERY="$ITERS" EVAL_TASKS="$EVAL_TASKS" EVAL_ARGS="$EVAL_ARGS" \
 GROUNDING=0 DESIGN_ARGS="--temperature $DESIGN_TEMP --max-tokens 400 $PROMPT_ARGS" \
-ROLLOUT_ARGS="--max-new-tokens 16" \
+ROLLOUT_ARGS="--max-new-tokens 16" BUDGET_PAIRS="" \
 UPDATE_ARGS="--learning-rate $AGENT_LR --agent-credit $AGENT_CREDIT --turn-gamma $TURN_GAMMA --agent-episodes $AGENT_TRAIN" \
   bash recipes/loop.sh
 took "loop.sh ($ITERS iterations, the last eval and the report)"

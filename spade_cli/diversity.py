@@ -10,6 +10,15 @@ The score runs over every design of the iteration, invalid ones and duplicates i
 without parsed code is represented by its raw completion): a Designer that collapses onto copies or
 onto one broken answer must score low, which a score over the valid, deduplicated designs hides.
 
+A design is embedded in two parts, its program (title and code, or the raw completion) and its
+hint, each part on its own and the two unit vectors joined with weight ``1/sqrt(2)`` each: the
+cosine of two designs is the mean of their code cosine and their hint cosine. One text of code and
+hint would let the code drown the hint (TF-IDF: the code has most of the tokens) or cut it off
+(MiniLM reads 256 tokens, and an env module alone is longer), so six designs with one program and
+six hints would score Vendi = 1. A model embedding reads every token of a part: the part is cut
+into windows of the model's input length and the windows' mean-pooled states are averaged,
+weighted by their token counts (the mean over all of the part's tokens, each seen in its window).
+
 Embeddings:
 
 - ``auto`` (default): ``minilm`` when its package is importable, else ``tfidf``; the result names
@@ -23,7 +32,7 @@ Embeddings:
 
 Example::
 
-    vendi_score(embed_texts([code_a + hint_a, code_b + hint_b], "tfidf"))
+    diversity([design_parts(t, code, hint) for t, code, hint in designs], "tfidf")
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ import numpy as np
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
 
 
-def design_text(title: str | None, code: str | None, hint: str | None, completion: str | None = None) -> str:
-    """A design as text: title, code and hint; the raw completion when no code was parsed."""
-    return "\n".join(part for part in (title, code if code else completion, hint) if part)
+def design_parts(title: str | None, code: str | None, hint: str | None,
+                 completion: str | None = None) -> tuple[str, str]:
+    """A design as (program, hint): title and code (the raw completion when no code was parsed), and
+    the hint; embedded apart so that neither hides the other."""
+    return "\n".join(part for part in (title, code if code else completion) if part), hint or ""
 
 
 def resolve_embedding(spec: str) -> str:
@@ -133,36 +144,60 @@ def _max_length(model_dir: Path, default: int = 512) -> int:
 def model_embed(texts: Sequence[str], model_dir: Path, max_length: int | None = None, batch: int = 16,
                 ) -> np.ndarray:
     """Mean-pooled, L2-normalised last hidden states of a local transformers model (offline); the
-    pipeline of sentence-transformers' all-MiniLM-L6-v2 (Transformer, mean Pooling, Normalize)."""
+    pipeline of sentence-transformers' all-MiniLM-L6-v2 (Transformer, mean Pooling, Normalize), over
+    every token: a text longer than the model's input is cut into windows of ``max_length`` tokens
+    (the tokenizer's overflow), and the windows' token sums are added before dividing by the count."""
     import torch
 
     tok, model = _load(Path(model_dir))
     max_length = max_length or _max_length(Path(model_dir))
-    out = []
+    if not texts:
+        return np.zeros((0, 1))
+    sums = counts = None
     with torch.inference_mode():
         for i in range(0, len(texts), batch):
             enc = tok(list(texts[i:i + batch]), padding=True, truncation=True, max_length=max_length,
-                      return_tensors="pt")
+                      return_overflowing_tokens=True, return_tensors="pt")
+            owner = enc.pop("overflow_to_sample_mapping") + i  # window -> its text
             hidden = model(**enc).last_hidden_state.float()
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            out.append((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0))
-    if not out:
-        return np.zeros((0, 1))
-    return _normalise(torch.cat(out).numpy().astype(np.float64))
+            if sums is None:
+                sums = torch.zeros(len(texts), hidden.shape[-1])
+                counts = torch.zeros(len(texts), 1)
+            sums.index_add_(0, owner, (hidden * mask).sum(1))
+            counts.index_add_(0, owner, mask.sum(1))
+    return _normalise((sums / counts.clamp(min=1.0)).numpy().astype(np.float64))
 
 
 def embed_texts(texts: Sequence[str], embedding: str = "tfidf") -> np.ndarray:
+    """Unit rows, a zero row for an empty text (with every embedding: a missing hint is like no
+    other hint, as TF-IDF has it, not the model's vector of the empty string)."""
     embedding = resolve_embedding(embedding)
     if embedding == "tfidf":
         return tfidf(texts)
-    return model_embed(texts, resolve_model(embedding))
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    emb = model_embed([texts[i] for i in keep], resolve_model(embedding))
+    out = np.zeros((len(texts), emb.shape[1] if keep else 1))
+    out[keep] = emb
+    return out
 
 
-def diversity(texts: Sequence[str], embedding: str = "auto") -> dict:
-    """``{n, vendi, vendi_per_n, embedding}`` for the summary line and the manifest; ``embedding``
-    is the one that ran (``auto`` resolved)."""
+def embed_designs(designs: Sequence[str | Sequence[str]], embedding: str = "tfidf") -> np.ndarray:
+    """Unit rows for designs given as texts or as tuples of parts (``design_parts``): each part is
+    embedded over the column of that part, and the parts' unit vectors are joined with equal
+    weight, so the cosine of two designs is the mean of their parts' cosines."""
+    rows = [(d,) if isinstance(d, str) else tuple(d) for d in designs]
+    width = max((len(r) for r in rows), default=1)
+    cols = [[r[j] if j < len(r) else "" for r in rows] for j in range(width)]
+    return _normalise(np.hstack([embed_texts(col, embedding) for col in cols]) / math.sqrt(width))
+
+
+def diversity(designs: Sequence[str | Sequence[str]], embedding: str = "auto") -> dict:
+    """``{n, vendi, vendi_per_n, embedding}`` for the summary line and the manifest; ``designs`` are
+    texts or (program, hint) parts (``design_parts``); ``embedding`` is the one that ran (``auto``
+    resolved)."""
     embedding = resolve_embedding(embedding)
-    n = len(texts)
-    vs = vendi_score(embed_texts(texts, embedding)) if n else 0.0
+    n = len(designs)
+    vs = vendi_score(embed_designs(designs, embedding)) if n else 0.0
     return {"n": n, "vendi": round(vs, 6), "vendi_per_n": round(vs / n, 6) if n else None,
             "embedding": embedding}

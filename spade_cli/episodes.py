@@ -138,13 +138,26 @@ def episode_id(run_seed: int, iteration: int, env_id: str, pair: int, hinted: bo
     return _digest("episode", run_seed, iteration, env_id, pair, int(hinted))[:20]
 
 
-def episode_specs(env_ids: list[str], k: int, run_seed: int, iteration: int, key: str = "") -> list[EpisodeSpec]:
-    """k unhinted and k hinted episodes per env, on the same k seeds, grouped by env. Which
+def budget_pairs(env_ids: list[str], budget: int) -> dict[str, int]:
+    """Seed pairs per env when an iteration has a fixed budget of ``budget`` pairs: the budget split
+    evenly over the valid envs, the remainder one pair each to the first envs in input order. An
+    iteration with fewer valid envs than designed plays more seeds of each, one with more (replay,
+    a pool) fewer, so every arm's Agent plays the same number of episodes (docs/report.md)."""
+    if not env_ids:
+        return {}
+    base, extra = divmod(budget, len(env_ids))
+    return {e: base + (i < extra) for i, e in enumerate(env_ids)}
+
+
+def episode_specs(env_ids: list[str], k: int | dict[str, int], run_seed: int, iteration: int, key: str = "",
+                  ) -> list[EpisodeSpec]:
+    """k unhinted and k hinted episodes per env (``k`` a number, or per env from ``budget_pairs``),
+    on the same k seeds, grouped by env. Which
     episode of a pair starts first is drawn per pair (from the seeds, so reruns agree): an env
     that could count its starts would learn nothing from the order."""
     out = []
     for e in env_ids:
-        for p in range(k):
+        for p in range(k.get(e, 0) if isinstance(k, dict) else k):
             first = int(_digest("order", run_seed, iteration, e, p)[:2], 16) & 1
             for h in ((False, True) if first == 0 else (True, False)):
                 out.append(EpisodeSpec(episode_id(run_seed, iteration, e, p, h), e, iteration, h,

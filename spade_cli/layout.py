@@ -8,6 +8,8 @@
       iter_0007/rollouts.jsonl          (or rollouts.shard-00-of-04.jsonl from a Slurm array)
       iter_0007/scores.jsonl
       iter_0007/replay.jsonl            environments replayed in the next iteration (optional)
+      iter_0007/lp_before.jsonl         the previous checkpoint's rollouts of iteration 7's envs on
+                                        the same seeds (the ema_lp arm; not training data)
       ckpt/iter_0008/                   the checkpoint `spade update` wrote after iteration 7
       eval/iter_0008.jsonl              evaluation of that checkpoint (+ the harness's own files)
       report/                           `spade report` tables and plots
@@ -60,6 +62,11 @@ class RunLayout:
     def replay(self, i: int) -> Path:
         return self.iter_dir(i) / "replay.jsonl"
 
+    def lp_before(self, i: int) -> Path:
+        """Rollouts of iteration ``i``'s envs by the checkpoint before ``ckpt(i)``: ema_lp's "before"
+        (not named rollouts*, so no report or update counts them as the iteration's episodes)."""
+        return self.iter_dir(i) / "lp_before.jsonl"
+
     def memory(self, i: int) -> Path:
         """The memory iteration ``i`` reads (written by the regret of iteration i-1)."""
         return self.root / "memory" / f"iter_{i:04d}.jsonl"
@@ -91,7 +98,8 @@ class RunLayout:
             "replay": str(self.replay(i)), "prev_replay": str(self.replay(i - 1)) if i > 0 else "",
             "memory": str(self.memory(i)),
             "next_memory": str(self.memory(i + 1)), "ckpt": str(self.ckpt(i)),
-            "next_ckpt": str(self.ckpt(i + 1)), "eval": str(self.eval(i)),
+            "next_ckpt": str(self.ckpt(i + 1)), "prev_ckpt": str(self.ckpt(i - 1)) if i > 0 else "",
+            "lp_before": str(self.lp_before(i)), "eval": str(self.eval(i)),
             "next_eval": str(self.eval(i + 1)),
             "report_dir": str(self.report_dir), "loop_mode": str(self.loop_mode),
         }

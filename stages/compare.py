@@ -17,7 +17,11 @@ from the t-distribution with n-1 degrees of freedom; an arm with one seed has no
 cell says ``n=1``. The comparison is only fair at equal budgets (fixed pools are dealt to
 ``--n`` environments, ``spade_cli.pool``), so the episodes and tokens per iteration are rows of
 the table, and an arm whose Agent episodes or tokens per iteration differ from the reference
-arm's (``spade`` when present, else the first) by more than ``budget_tol`` is marked ``†``.
+arm's (``spade`` when present, else the first) by more than ``budget_tol`` is marked ``†``, with a
+bold warning at the top of the markdown. Each run's ``settings.json`` (written by
+``recipes/experiment.sh``) is read too: an arm whose shared settings (model, corpus, sampling,
+budgets: all but the arm knobs and the seed) differ from the reference's, or a run without the
+file, gets a warning of its own. ``strict`` refuses either case instead.
 
 Output, in ``out_dir``: ``compare.csv`` (one row per table row and arm, with the per-seed values),
 ``compare.md`` (the table), and ``curve-<benchmark>.png`` per benchmark (mean over seeds per
@@ -39,6 +43,9 @@ from stages import report
 
 BUDGET_ROWS = [("episodes", "Agent episodes / iteration"), ("agent_tokens", "Agent tokens / iteration")]
 MARK = "†"
+# The knobs that define an arm (recipes/experiment.sh) and the seed: allowed to differ between runs.
+ARM_KNOBS = frozenset({"POOL", "FROZEN_DESIGNER", "SIGNAL", "GROUNDING", "MEMORY", "SEED"})
+SETTINGS = "settings.json"  # what recipes/experiment.sh stores per run (loop.sh PRINT_SETTINGS=1)
 
 
 def _is_run(path: Path) -> bool:
@@ -87,10 +94,48 @@ def run_summary(run: Path) -> dict:
             if k.startswith("eval:") and isinstance(v, int | float):
                 evals.setdefault(k.removeprefix("eval:"), {})[r["iteration"]] = float(v)
     out: dict[str, Any] = {"run": str(run), "evals": evals,
-                           "iterations": sum(1 for r in rows if "episodes" in r)}
+                           "iterations": sum(1 for r in rows if "episodes" in r), "settings": _settings(run)}
     for key in ("vendi_per_n", "episodes", "agent_tokens"):
         vals = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
         out[key] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def _settings(run: Path) -> dict | None:
+    path = run / SETTINGS
+    if not path.is_file():
+        return None
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise SpadeError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpadeError(f"{path}: not a JSON object of settings")
+    return data
+
+
+def settings_differ(arms: dict[str, list[dict]], ref: str) -> dict[str, str]:
+    """Per arm, the shared settings (all but the arm knobs and the seed) in which one of its runs
+    differs from the reference arm's first run with a settings file, and its runs without one;
+    empty when no run has the file (runs not made by recipes/experiment.sh; ``settings_checked``
+    in the result says so)."""
+    base = next((r["settings"] for runs in (arms[ref], *arms.values()) for r in runs if r["settings"]), None)
+    if base is None:
+        return {}
+    out: dict[str, str] = {}
+    for arm, runs in arms.items():
+        diffs: list[str] = []
+        for r in runs:
+            name, got = Path(r["run"]).name, r["settings"]
+            if got is None:
+                diffs.append(f"{name}: no {SETTINGS}")
+                continue
+            diffs += [f"{name}: {key} {got.get(key)!r} vs {base.get(key)!r}"
+                      for key in sorted((base.keys() | got.keys()) - ARM_KNOBS) if base.get(key) != got.get(key)]
+        if diffs:
+            out[arm] = "; ".join(diffs)
     return out
 
 
@@ -167,7 +212,8 @@ def build(arms: dict[str, list[dict]], iteration: int | None = None, reference: 
         if arm != ref and diffs:
             marked[arm] = "; ".join(diffs)
     return {"rows": rows, "benchmarks": benches, "arms": order, "reference": ref,
-            "budget_differs": marked, "notes": notes, "budget_tol": budget_tol}
+            "budget_differs": marked, "settings_differ": settings_differ(arms, ref),
+            "settings_checked": any(r["settings"] for r in everyone), "notes": notes, "budget_tol": budget_tol}
 
 
 def _num(x: float | None) -> str:
@@ -189,7 +235,10 @@ def to_markdown(table: dict) -> str:
     heads = [f"{a}{MARK}" if a in table["budget_differs"] else a for a in arms]
     by = {(r["row"], r["arm"]): r for r in table["rows"]}
     labels = list(dict.fromkeys(r["row"] for r in table["rows"]))
-    out = ["| benchmark | iteration | start (iter 0) | " + " | ".join(heads) + " |",
+    out = [f"**UNEQUAL BUDGETS: {MARK} {arm} against {ref} ({why}); its column is not a controlled "
+           "comparison.**\n" for arm, why in table["budget_differs"].items()]
+    out += [f"**SETTINGS DIFFER: {arm} ({why}).**\n" for arm, why in table.get("settings_differ", {}).items()]
+    out += ["| benchmark | iteration | start (iter 0) | " + " | ".join(heads) + " |",
            "|---|---|---|" + "---|" * len(arms)]
     for label in labels:
         first = by[(label, arms[0])]
@@ -258,11 +307,16 @@ def write_curves(arms: dict[str, list[dict]], benches: list[str], out_dir: Path)
 
 
 def run(dirs: list[str | Path], out_dir: str | Path, *, iteration: int | None = None, reference: str | None = None,
-        budget_tol: float = 0.05, plots: bool = True) -> dict:
-    """Read the runs of ``dirs``, write the table (CSV, markdown) and the curves; returns the summary."""
+        budget_tol: float = 0.05, plots: bool = True, strict: bool = False) -> dict:
+    """Read the runs of ``dirs``, write the table (CSV, markdown) and the curves; returns the summary.
+    ``strict``: refuse, writing nothing, when an arm's budget or shared settings differ."""
     arm_dirs = discover([Path(d) for d in dirs])
     arms = {arm: [run_summary(r) for r in runs] for arm, runs in arm_dirs.items()}
     table = build(arms, iteration=iteration, reference=reference, budget_tol=budget_tol)
+    if strict and (table["budget_differs"] or table["settings_differ"]):
+        why = [f"{a}: budget differs from {table['reference']}'s ({w})" for a, w in table["budget_differs"].items()]
+        why += [f"{a}: settings differ ({w})" for a, w in table["settings_differ"].items()]
+        raise SpadeError("--strict: not a controlled comparison:\n  " + "\n  ".join(why))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "compare.csv", to_csv(table))
@@ -271,4 +325,5 @@ def run(dirs: list[str | Path], out_dir: str | Path, *, iteration: int | None = 
     return {"status": "ok", "out_dir": str(out), "csv": str(out / "compare.csv"), "markdown": str(out / "compare.md"),
             "plots": [str(p) for p in written], "arms": {a: [str(r) for r in arm_dirs[a]] for a in table["arms"]},
             "benchmarks": table["benchmarks"], "reference": table["reference"],
-            "budget_differs": table["budget_differs"], "notes": table["notes"], "table": table["rows"]}
+            "budget_differs": table["budget_differs"], "settings_differ": table["settings_differ"],
+            "settings_checked": table["settings_checked"], "notes": table["notes"], "table": table["rows"]}

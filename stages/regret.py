@@ -17,6 +17,10 @@ several, or a glob of shards) and optionally ``--memory``, the memory as of this
 - Diversity (Vendi score and Vendi/n over all of the iteration's designs, invalid and duplicate
   ones included) in the summary line and the manifest, with the embedding that ran.
 
+``--before-rollouts`` (ema_lp only): the previous checkpoint's rollouts of the same envs on the same
+seeds; their unhinted success opens the history of an env played for the first time, so its
+learning progress is the change over the Agent's last update (docs/regret.md).
+
 No file is both read and written: the memory of iteration i is an input like any other, fingerprinted
 by its hash, and the memory after iteration i is a side output recorded (path and sha256) in the
 manifest of ``scores.jsonl``. A rerun after success is "up to date"; a side output that was lost is
@@ -143,7 +147,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
         embedding: str = "auto", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
-        max_error_rate: float = 0.25, force: bool = False) -> dict:
+        max_error_rate: float = 0.25, before_rollouts: str | Path | list | None = None,
+        force: bool = False) -> dict:
     """Score one iteration; returns the summary dict (also stored in the manifest)."""
     t0 = time.time()
     if signal not in curriculum.SIGNALS:
@@ -156,12 +161,15 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     mem_out = Path(memory_out) if memory_out else None
     replay_path = Path(replay_out) if replay and replay_out else None
     env_paths, roll_paths = expand_inputs(envs), expand_inputs(rollouts)
+    before_paths = expand_inputs(before_rollouts) if before_rollouts else []
+    if before_paths and signal != "ema_lp":
+        raise SpadeError("--before-rollouts feeds the ema_lp signal; pass --signal ema_lp")
     mem_path = Path(memory) if memory else None
     if mem_path and not mem_path.is_file():  # a typo must not pass for the empty memory of iteration 0
         raise InputError(mem_path, None, "no such memory file (omit --memory when there is none yet)")
     mem = [mem_path] if mem_path else []
     # every output checked before the scan: a typo in --out must not cost a pass over the rollouts
-    ins = [*env_paths, *roll_paths, *mem]
+    ins = [*env_paths, *roll_paths, *before_paths, *mem]
     check_output(out, ins)
     if mem_out:  # write-once: the memory after this iteration is a new file, never the input
         check_output(mem_out, [*ins, out], flag="--memory-out")
@@ -175,6 +183,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     t_read = time.time()
     warnings: list[str] = []
     per_env, roll_fps = scan_rollouts(roll_paths, known, warnings=warnings)
+    before, before_fps = scan_rollouts(before_paths, set(valid), warnings=warnings) if before_paths else ({}, [])
     t_scan = time.time()
 
     config = {"signal": signal, "clip_negative": clip_negative, "invalid_reward": invalid_reward,
@@ -188,6 +197,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "max_error_rate": max_error_rate}
     stage = Stage(STAGE, out, config, force=force, started=t0)
     stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
+    if before_fps:
+        stage.inputs["before_rollouts"] = before_fps
     if mem_path:
         stage.inputs["memory"] = [fingerprint(mem_path)]
     if stage.check():
@@ -220,6 +231,11 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     # the unhinted success per iteration for ema_lp; merged holds every played env even without --memory
     history = {r["env_id"]: [h["unhinted_success"] for h in r["history"]
                              if h.get("unhinted_success") is not None] for r in merged}
+    # ema_lp with --before-rollouts: the previous Agent's success on the same seeds opens the history
+    # of an env played for the first time (docs/regret.md): it scores the progress of the Agent's
+    # last update on it
+    prior = {e: p for e, st in before.items()
+             if (p := curriculum.env_stats(st, success_threshold)["unhinted_success"]) is not None}
 
     rows = []
     for rec in designs:
@@ -234,6 +250,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
             reward, note = config["flagged_reward"], f"flagged: {', '.join(flags[rec.env_id])}"
         else:
             s_hist = history.get(rec.env_id, [])
+            if rec.env_id in prior and len(s_hist) == 1:  # a longer history already has its own past
+                s_hist = [prior[rec.env_id], *s_hist]
             reward = curriculum.designer_reward(signal, {**s, "success_history": s_hist}, clip_negative)
             if reward is None:
                 note = "no rollouts" if not (s["hinted_n"] or s["unhinted_n"]) else "one side has no rollouts"
@@ -246,11 +264,12 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                              "paired": s["paired"], "unhinted_success": s["unhinted_success"],
                              "hinted_success": s["hinted_success"], "hinted_errors": s["hinted_errors"],
                              "unhinted_errors": s["unhinted_errors"], "note": note,
-                             "flags": flags.get(rec.env_id, []), "audit": audited.get(rec.env_id)})
+                             "flags": flags.get(rec.env_id, []), "audit": audited.get(rec.env_id),
+                             **({"before_success": prior.get(rec.env_id)} if before_paths else {})})
         rows.append(to_row(score))
 
     # every design of the iteration, invalid ones and duplicates included: collapse must show
-    texts = [diversity.design_text(r.title, r.code, r.hint, r.completion) for r in designs
+    texts = [diversity.design_parts(r.title, r.code, r.hint, r.completion) for r in designs
              if "replay" not in r.extra]
     div = diversity.diversity(texts, embedding)
 
@@ -279,7 +298,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "signal": signal, "valid": len(valid), "invalid": len(designs) - sum(r.valid for r in designs),
                "no_rollouts": sum(1 for r in rows if r["note"] and "rollouts" in r["note"]),
                "episodes": sum(len(v) for st in per_env.values() for k in ("h", "u") for v in st[k].values()),
-               "replayed_played": len(replayed),
+               "replayed_played": len(replayed), "before_envs": len(prior) if before_paths else None,
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_out else None, "replay": len(picked),
                "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "embedding": div["embedding"],

@@ -36,7 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs, seed_key, seed_material
+from spade_cli.episodes import (
+    Engine,
+    EnvSource,
+    PlayConfig,
+    Stats,
+    budget_pairs,
+    episode_specs,
+    seed_key,
+    seed_material,
+)
 from spade_cli.records import ERROR_RETURN_RANGE, Validation
 
 
@@ -59,10 +68,11 @@ def in_shard(env_id: str, shard: tuple[int, int]) -> bool:
 
 
 def load_envs(paths: list[Path], shard: tuple[int, int]) -> tuple[dict[str, EnvSource], dict]:
-    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped and
-    (``key``) ``seed_material`` of every row, valid or not, in every shard: the seeds' key."""
+    """The valid envs of this shard, first occurrence wins; plus counts of what was skipped,
+    (``key``) ``seed_material`` of every row, valid or not, in every shard: the seeds' key, and
+    (``all_valid``) every shard's valid env ids, over which ``--budget-pairs`` is split."""
     envs: dict[str, EnvSource] = {}
-    counts: dict = {"rows": 0, "invalid": 0, "duplicate": 0, "other_shard": 0, "key": []}
+    counts: dict = {"rows": 0, "invalid": 0, "duplicate": 0, "other_shard": 0, "key": [], "all_valid": {}}
     for path, line, rec in read_rows(paths, expect="spade.validation"):
         assert isinstance(rec, Validation)
         counts["rows"] += 1
@@ -72,6 +82,7 @@ def load_envs(paths: list[Path], shard: tuple[int, int]) -> tuple[dict[str, EnvS
             continue
         if not rec.code:
             raise InputError(path, line, "a valid row without code")
+        counts["all_valid"].setdefault(rec.env_id, None)  # every shard's: a budget is split over all
         if rec.env_id in envs:
             counts["duplicate"] += 1
         elif not in_shard(rec.env_id, shard):
@@ -114,6 +125,7 @@ def run(
     out: str | Path,
     k: int = 8,
     *,
+    budget: int | None = None,
     iteration: int = 0,
     seed: int = 0,
     backend: str = "hf",
@@ -145,7 +157,9 @@ def run(
         play = PlayConfig(**{**play.__dict__, "seed": seed})
     shard_t = parse_shard(shard)
     paths = expand_inputs(envs)
-    config = {"model": str(model), "k": k, "iteration": iteration, "seed": seed, "backend": backend,
+    if budget is not None and budget < 1:
+        raise ValueError("--budget-pairs must be at least 1")
+    config = {"model": str(model), "k": k, "budget_pairs": budget, "iteration": iteration, "seed": seed, "backend": backend,
               "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier, "batching": batching,
               "scratch_mb": scratch_mb,
               **{f: v for f, v in play.__dict__.items() if f not in ("seed", "max_concurrent", "env_threads")}}
@@ -157,7 +171,8 @@ def run(
         return {"status": "up to date", "out": str(out)}
 
     env_map, counts = load_envs(paths, shard_t)
-    specs = episode_specs(list(env_map), k, seed, iteration, seed_key(counts.pop("key")))
+    pairs = budget_pairs(list(counts.pop("all_valid")), budget) if budget is not None else k
+    specs = episode_specs(list(env_map), pairs, seed, iteration, seed_key(counts.pop("key")))
     done_rows = stage.resume()
     done = {r.get("episode_id") for r in done_rows}
     todo = [s for s in specs if s.episode_id not in done]

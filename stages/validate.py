@@ -26,14 +26,18 @@ The checks, in order:
    or with no task content, reach it on two seeds: ``spade_cli/probes.py``).
 
 ``duplicate`` runs right after the static checks, before any process starts: a design whose
-code, up to names, constants, comments and formatting (``spade_cli/astnorm.py``), is the code of
+code, up to names, constants, messages, dead code, unread names, the order of definitions, comments
+and formatting (``spade_cli/astnorm.py``), is the code of
 an env in ``--memory`` or of an earlier row of this input is a duplicate, whatever its hint; the
 first one wins and the check names the env it matched. Memory rows are compared by their
 ``ast_hash`` field when it was made by the current normalisation, else by hashing their ``code``,
 and always by ``env_id``. Every parsed design's hash is stored in ``stats.ast_hash`` (and the
 match in ``stats.duplicate_of``), so that regret can keep it in the memory. Pool rows
 (``gen.backend == "pool"``) are not Designer output: a pool deals copies and one-template
-reasoning-gym tasks on purpose, so among themselves only identical code is a duplicate.
+reasoning-gym tasks on purpose, so among themselves only identical code is a duplicate. A second
+key, after the checks: a design still valid whose transcript under the scripted policy, on a seed
+shared by the input's designs, matches an earlier valid row's (text normalised) is a duplicate too
+(``spade_cli/behaviour.py``; check ``duplicate_behaviour``, ``stats.behaviour``).
 
 Example::
 
@@ -54,7 +58,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spade_cli import astnorm, probes
+from spade_cli import astnorm, behaviour, probes
 from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.episodes import episode_seed, seed_key, seed_material
 from spade_cli.records import Design, Memory, env_id_for, to_row, validation_from
@@ -254,6 +258,10 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
                     seeds=(episode_seed(seed, VALIDATION_ITERATION, design.env_id, 10, seeds_key),
                            episode_seed(seed, VALIDATION_ITERATION, design.env_id, 11, seeds_key)),
                     trivial_return=trivial_return)
+    if ch.reason is None and (design.gen or {}).get("backend") != "pool":  # the second duplicate key
+        stats["behaviour"] = behaviour.play_fingerprint(
+            pool, design.code, design.env_id, play, policies["scripted"],
+            episode_seed(seed, VALIDATION_ITERATION, behaviour.VERSION, 0, seeds_key), max_steps)
     return {"valid": ch.reason is None, "reason": ch.reason, "checks": ch.items, "stats": stats}
 
 
@@ -395,9 +403,11 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
         return to_row(validation_from(rows[i], **fields))
 
     todo = range(len(done), len(rows))
+    seen = behaviour.seen_in(done)  # behavioural fingerprints of the rows already written
     try:
         with pool, stage.writer() as writer, ThreadPoolExecutor(max(1, workers or default_workers())) as ex:
             for n, row in enumerate(ex.map(one, todo), 1):  # map keeps input order: the partial is a prefix
+                row = behaviour.mark_duplicate(row, len(done) + n - 1, seen)
                 writer.write(row)
                 counts[row["reason"]] += 1
                 if progress:

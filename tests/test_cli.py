@@ -161,6 +161,9 @@ def test_paths_come_from_the_layout(tmp_path):
     table = json.loads(res.output)
     assert table["validated"] == str(tmp_path / "run" / "iter_0007" / "validated.jsonl")
     assert table["next_ckpt"] == str(tmp_path / "run" / "ckpt" / "iter_0008")
+    # ema_lp's "before": the previous checkpoint's episodes, not a rollouts* file the report counts
+    assert table["prev_ckpt"] == str(tmp_path / "run" / "ckpt" / "iter_0006")
+    assert table["lp_before"] == str(tmp_path / "run" / "iter_0007" / "lp_before.jsonl")
     # the memory is versioned like the checkpoint: iteration 7 reads memory/iter_0007, writes iter_0008
     res = CliRunner().invoke(app, ["paths", str(tmp_path / "run"), "-i", "7", "--key", "memory"])
     assert res.output.strip() == str(tmp_path / "run" / "memory" / "iter_0007.jsonl")

@@ -132,3 +132,39 @@ def test_spade_compare_writes_table_and_curves_and_names_bad_input(experiment: P
     assert proc.returncode == 1 and "no run directories" in proc.stderr
     proc = run_spade("compare", experiment, tmp_path)
     assert proc.returncode == 2 and "--out" in proc.stderr
+
+
+@pytest.mark.integration
+def test_unequal_budgets_and_settings_are_loud_and_strict_refuses(experiment: Path, tmp_path: Path) -> None:
+    from spade_cli.artifacts import SpadeError
+    from stages import compare
+
+    shared = {"MODEL": "m", "CORPUS": "c", "DESIGN_ARGS": "--thinking", "N_ENVS": "2", "K": "2", "SEED": "0",
+              "POOL": "", "SIGNAL": "regret"}
+    for arm in ("spade", "hand_curated"):
+        for run in sorted((experiment / arm).iterdir()):
+            seed = run.name.removeprefix("seed_")
+            pool = "bundled" if arm == "hand_curated" else ""
+            (run / "settings.json").write_text(json.dumps({**shared, "SEED": seed, "POOL": pool}))
+    pair = [experiment / "spade", experiment / "hand_curated"]
+    res = compare.run(pair, tmp_path / "same", plots=False, budget_tol=0.5)
+    # the seed and the arm's knob differ by design; nothing else does
+    assert res["settings_checked"] and res["settings_differ"] == {} and res["budget_differs"] == {}
+    assert compare.run(pair, tmp_path / "strict-ok", plots=False, budget_tol=0.5, strict=True)["status"] == "ok"
+    # a baseline built without the main arm's corpus and thinking settings
+    odd = experiment / "hand_curated" / "seed_1" / "settings.json"
+    odd.write_text(json.dumps({**json.loads(odd.read_text()), "CORPUS": "", "DESIGN_ARGS": ""}))
+    res = compare.run(pair, tmp_path / "odd", plots=False)
+    why = res["settings_differ"]["hand_curated"]
+    assert "seed_1: CORPUS '' vs 'c'" in why and "DESIGN_ARGS" in why and "spade" not in res["settings_differ"]
+    md = (tmp_path / "odd" / "compare.md").read_text()
+    assert md.startswith("**UNEQUAL BUDGETS: † hand_curated against spade") and "**SETTINGS DIFFER: hand_curated" in md
+    with pytest.raises(SpadeError, match="not a controlled comparison") as err:
+        compare.run(pair, tmp_path / "strict", plots=False, strict=True)
+    assert "hand_curated: budget differs" in str(err.value) and "CORPUS" in str(err.value)
+    assert not (tmp_path / "strict").exists()  # a refusal writes nothing
+    # a run without the file, beside runs with it, is named
+    (experiment / "spade" / "seed_0" / "settings.json").unlink()
+    assert "seed_0: no settings.json" in compare.run(pair, tmp_path / "gap", plots=False)["settings_differ"]["spade"]
+    proc = run_spade("compare", *pair, "--out", tmp_path / "cli", "--strict")
+    assert proc.returncode == 1 and "not a controlled comparison" in proc.stderr

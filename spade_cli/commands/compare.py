@@ -25,7 +25,10 @@ def _show(result: dict) -> None:
         t.add_row(label, *[cell(by[(label, a)]) for a in arms])
     console.print(t)
     for arm, why in result["budget_differs"].items():
-        console.print(f"[yellow]{MARK} {arm}: budget differs from {result['reference']}'s[/] ({why})", soft_wrap=True)
+        console.print(f"[bold red]{MARK} {arm}: budget differs from {result['reference']}'s; not a controlled "
+                      f"comparison[/] ({why})", soft_wrap=True)
+    for arm, why in result["settings_differ"].items():
+        console.print(f"[bold red]{arm}: settings differ[/] ({why})", soft_wrap=True)
     for note in result["notes"]:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     for path in [result["markdown"], result["csv"], *result["plots"]]:
@@ -44,13 +47,16 @@ def compare(
     budget_tol: Annotated[float, typer.Option(
         "--budget-tol", help="Relative budget difference that marks an arm.", min=0)] = 0.05,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG curves.")] = True,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Refuse when an arm's budget or shared settings (settings.json) differ.")] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Compare arms over seeds: per benchmark mean ± 95% CI (t), Vendi/n, episodes and tokens.
 
     Writes compare.csv, compare.md and curve-BENCHMARK.png (eval metric vs iteration per arm, mean
     with CI band). An arm whose Agent episodes or tokens per iteration differ from the reference
-    arm's is marked †.
+    arm's is marked † and warned about, as is one whose shared settings (settings.json) differ;
+    --strict refuses both.
 
     Example: [bold]spade compare runs/exp[/] (after [bold]EXP=runs/exp bash recipes/experiment.sh[/])
     """
@@ -60,7 +66,8 @@ def compare(
         if len(dirs) != 1:
             raise typer.BadParameter("pass --out when comparing several directories", param_hint="--out")
         out = dirs[0] / "compare"
-    result = stage.run(dirs, out, iteration=iteration, reference=reference, budget_tol=budget_tol, plots=plots)
+    result = stage.run(dirs, out, iteration=iteration, reference=reference, budget_tol=budget_tol, plots=plots,
+                       strict=strict)
     _show(result)
     finish({k: v for k, v in result.items() if k != "table"})
 

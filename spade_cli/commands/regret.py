@@ -38,6 +38,10 @@ def regret(
         help="An episode succeeds when its return reaches this (learnability, ema_lp).")] = 0.5,
     iteration: Annotated[int | None, typer.Option(
         "--iteration", help="Iteration number (default: the one in the --envs rows).")] = None,
+    before_rollouts: Annotated[list[str] | None, typer.Option(
+        "--before-rollouts", rich_help_panel=PANEL_SIGNAL,
+        help="ema_lp: the previous Agent's rollouts of these envs on the same seeds; their unhinted "
+        "success opens each env's history, so a new env's learning progress is defined.")] = None,
     replay: Annotated[int, typer.Option(
         "--replay", min=0, rich_help_panel=PANEL_REPLAY, help="Write the K most promising memory envs.")] = 0,
     replay_out: Annotated[Path | None, typer.Option(
@@ -79,7 +83,7 @@ def regret(
     if replay and replay_out is None:
         raise typer.BadParameter("--replay K needs --replay-out FILE", param_hint="--replay-out")
     summary = stage.run(envs, rollouts, out, memory=memory, memory_out=memory_out, signal=signal, clip_negative=clip_negative,
-                        invalid_reward=invalid_reward, iteration=iteration,
+                        invalid_reward=invalid_reward, iteration=iteration, before_rollouts=before_rollouts,
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
                         replay_staleness=replay_staleness, embedding=embedding, audit=audit,

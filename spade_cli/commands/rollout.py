@@ -65,6 +65,9 @@ def rollout(
                                             "glob for several files, e.g. a replay file.")],
     out: OutFileOpt,
     k: Annotated[int, typer.Option("--k", min=1, help="Seed pairs per env: k unhinted + k hinted episodes.")] = 8,
+    budget_pairs: Annotated[int | None, typer.Option(
+        "--budget-pairs", min=1, help="Seed pairs of the whole iteration, split evenly over the valid envs "
+        "(replaces --k): every arm plays the same number of episodes however many designs are valid.")] = None,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap; reaching it truncates.",
                                            rich_help_panel=PLAY)] = 16,
     max_episode_tokens: Annotated[int, typer.Option(
@@ -151,7 +154,7 @@ def rollout(
                       env_threads=env_threads, seed=seed)
     progress = Progress(log_every)
     try:
-        summary = stage.run(model, envs, Path(out), k, iteration=iteration, seed=seed, backend=backend,
+        summary = stage.run(model, envs, Path(out), k, budget=budget_pairs, iteration=iteration, seed=seed, backend=backend,
                             base_url=base_url, shard=shard, play=play, tier=tier,
                             min_tier=min_tier, scratch_mb=scratch_mb, force=force, batching=batching,
                             progress=progress, backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
