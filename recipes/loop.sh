@@ -72,6 +72,8 @@ UPDATE_ARGS="${UPDATE_ARGS:-}"
 # >>> retention (spade prune, docs/update.md "Retention"): PRUNE=0 keeps everything; PRUNE_ARGS e.g.
 # "--keep-ckpts 3 --keep-state-every 50" (default: the latest trainer state, 2 checkpoints, eval points)
 PRUNE="${PRUNE:-1}" PRUNE_ARGS="${PRUNE_ARGS:-}"  # <<< retention
+PIPELINE="${PIPELINE:-0}"           # 1: pipelined iterations (docs/pipeline.md; off: the paper is on-policy)
+STALENESS="${STALENESS:-1}"         # with PIPELINE=1: iteration i samples from checkpoint i-STALENESS
 # Eval samples as the Qwen3 model card evaluates thinking mode: temperature 0.6, top-p 0.95, top-k
 # 20, and 32768 output tokens ("adequate output length"), split here into 30720 reasoning and 2048
 # answer tokens, a block that runs out closed by spade. lm: and evalscope: tasks generate in their
@@ -83,10 +85,6 @@ case ",${EVAL_TASKS// /}" in
 esac
 EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
-# >>> loop mode (docs/pipeline.md): a run dir holds one mode; PIPELINE=1 continues in loop_pipelined.sh
-source "$(dirname "${BASH_SOURCE[0]}")/loop_mode.sh"
-# <<< loop mode
-
 # --- experiment settings (recipes/experiment.sh, recipes/baselines/static_pool.sh) ---------------
 # The Agent's budget: BUDGET_PAIRS seed pairs an iteration (2 episodes each), split over however many
 # envs are valid, so that every arm plays the same number of episodes (docs/report.md); "": K per env.
@@ -97,7 +95,7 @@ budget_flags=()
 # truth: the baselines read them from here and experiment.sh stores them as each cell's settings.json.
 SHARED_SETTINGS=(MODEL ITERS N_ENVS GROUP K BUDGET_PAIRS MAX_TURNS SEED BACKEND BASE_URL CORPUS REPLAY EXTRA_ENVS
   EVAL_EVERY EVAL_TASKS EVAL_LIMIT DESIGN_ARGS VALIDATE_ARGS ROLLOUT_ARGS REGRET_ARGS UPDATE_ARGS EVAL_ARGS
-  UPDATE_CMD ROLLOUT_SHARDS)
+  UPDATE_CMD ROLLOUT_SHARDS PIPELINE STALENESS)
 ARM_SETTINGS=(POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY)
 if [[ "${PRINT_SETTINGS:-0}" == 1 ]]; then
   for k in "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"; do export "${k?}"; done
@@ -105,6 +103,10 @@ if [[ "${PRINT_SETTINGS:-0}" == 1 ]]; then
     "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"
 fi
 # --- end experiment settings ----------------------------------------------------------------------
+
+# >>> loop mode (docs/pipeline.md): a run dir holds one mode; PIPELINE=1 continues in loop_pipelined.sh
+source "$(dirname "${BASH_SOURCE[0]}")/loop_mode.sh"
+# <<< loop mode
 
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \
      "SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY POOL=${POOL:-none}" \

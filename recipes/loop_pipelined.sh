@@ -98,8 +98,17 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   envs_of "$j"
   # shellcheck disable=SC2086
   stage "$SPADE" rollout --model "$sampler" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
-    --iteration "$j" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
-  regret_flags=(--signal "$SIGNAL" --iteration "$j" --memory-out "$next_memory")
+    --iteration "$j" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
+  # ema_lp, as in loop.sh: the checkpoint before the sampler plays the same envs on the same seeds
+  lp_flags=()
+  if [[ "$SIGNAL" == ema_lp && "$sampler" != "$MODEL" ]]; then
+    # shellcheck disable=SC2086
+    stage "$SPADE" rollout --model "$(ckpt_of $((j - STALENESS - 1)))" "${envs[@]}" --k "$K" \
+      --max-turns "$MAX_TURNS" --iteration "$j" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" \
+      "${budget_flags[@]}" $ROLLOUT_ARGS
+    lp_flags=(--before-rollouts "$lp_before")
+  fi
+  regret_flags=(--signal "$SIGNAL" --iteration "$j" --memory-out "$next_memory" "${lp_flags[@]}")
   [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
   ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086
