@@ -9,7 +9,10 @@ model: for each env with a successful hinted episode, the recorded actions of it
 replayed on ``k`` other seeds, each in a fresh confined process; if they solve at least
 ``min_share`` of them, the env is flagged.
 
-Cost: ``k`` replay episodes per env with a successful hinted episode (no generation). It
+``form_only`` replays the same episode on its own seed with every reply's content replaced by
+filler of the same form: if that still solves it, the reward reads only the form (``format_only``).
+
+Cost: ``k`` + 2 replay episodes per env with a successful hinted episode (no generation). It
 catches answers that are the same for every seed, whatever form they take (validate's probes catch
 those that can be read off the hint). It misses answers that vary with the seed in a way the hint
 still gives away (a hint that depends on the seed is not possible: the hint is one string per env),

@@ -22,8 +22,10 @@ The checks, in order:
    ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe episode runs in a fresh
    process forked from the zygote, with a seed drawn as rollout draws it.
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
-   ``trivial_return``), ``hint_is_answer`` and ``format_only`` (replies made from the hint alone,
-   or with no task content, reach it on two seeds: ``spade_cli/probes.py``).
+   ``trivial_return`` on its seed and on 2 of 3 more), ``hint_is_answer`` and ``format_only``
+   (replies made from the hint alone, or with no task content, reach it on two seeds:
+   ``spade_cli/probes.py``), ``answer_table`` (the hint read as a table keyed by what the
+   observation shows solves 3 of 4 seeds and a miss teaches nothing: ``stages/validate_hacks.py``).
 
 ``duplicate`` runs right after the static checks, before any process starts: a design whose
 code, up to names, constants, comments and formatting (``spade_cli/astnorm.py``), is the code of

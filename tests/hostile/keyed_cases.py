@@ -115,7 +115,8 @@ HACKS = {
 }
 
 # -- learnable controls -----------------------------------------------------------------------------
-GUESS = '''import gymnasium as gym
+GUESS = '''import re
+import gymnasium as gym
 class Guess(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -123,10 +124,8 @@ class Guess(gym.Env):
         self.left = 8
         return "Guess my number from 1 to 100. You have 8 guesses.", {}
     def step(self, action):
-        try:
-            g = int(action.strip().split()[0])
-        except (ValueError, IndexError):
-            g = None
+        m = re.search(r"\d+", action)
+        g = int(m.group()) if m else None
         self.left -= 1
         if g == self.secret:
             return "Correct!", 1.0, True, False, {}
@@ -211,7 +210,37 @@ def reply(obs: list[str], hinted: bool) -> str:
     """The scripted agent's next reply given the observations so far."""
     if not hinted:
         return "7"
+    if (answer := family_reply(obs)) is not None:
+        return answer
     for pattern, policy in HINTED:
         if re.search(pattern, obs[0]):
             return policy(obs)
     return "?"
+
+
+# -- an oracle for the quickstart's family designs (spade_cli/family.py) ----------------------------
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+FAMILY = [
+    (r"Word: (\w+)\. Spell it backwards", lambda m: m[1][::-1]),
+    (r"Word: (\w+)\. First letter", lambda m: m[1][0]),
+    (r"Word: (\w+)\. Last letter", lambda m: m[1][-1]),
+    (r"Word: (\w+)\. How many letters", lambda m: str(len(m[1]))),
+    (r"Word: (\w+)\. Shout it", lambda m: m[1].upper()),
+    (r"Word: (\w+)\. Its letters in order", lambda m: "".join(sorted(m[1]))),
+    (r"Word: (\w+)\. How many vowels", lambda m: str(sum(c in "aeiou" for c in m[1]))),
+    (r"Number: (\d+)\. Double it", lambda m: str(2 * int(m[1]))),
+    (r"(\d+) plus (\d+)\?", lambda m: str(int(m[1]) + int(m[2]))),
+    (r"(\d+) minus (\d+)\?", lambda m: str(int(m[1]) - int(m[2]))),
+    (r"(\d+) times (\d+)\?", lambda m: str(int(m[1]) * int(m[2]))),
+    (r"Letter: ([a-z])\. Which letter comes before", lambda m: LETTERS[LETTERS.index(m[1]) - 1]),
+    (r"(\w+) or (\w+): which comes first", lambda m: min(m[1], m[2])),
+]
+
+
+def family_reply(obs: list[str]) -> str | None:
+    """The right answer to the question in the latest observation of a family env, or None."""
+    for pattern, answer in FAMILY:
+        found = list(re.finditer(pattern, obs[-1]))
+        if found:
+            return answer(found[-1])
+    return None

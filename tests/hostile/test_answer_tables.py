@@ -58,7 +58,7 @@ class HintedAgent:
         pass
 
 
-STARTERS = {"relay_word": r"Radio:", "signal_rules": r"^Light:", "next_letter": r"Letter:",
+STARTERS = {"relay_word": r"^Radio:", "signal_rules": r"^Light:", "next_letter": r"^Letter: \w\. Next\?",
             "opposites": r"^Opposite of"}
 
 
@@ -84,24 +84,7 @@ def _batches(rows: list[dict]) -> list[list[dict]]:
 
 
 def test_answer_tables_and_hidden_rules_lose_their_reward(tmp_path: Path, tiny_model) -> None:
-    from transformers import AutoTokenizer
-
-    from stages import rollout
-
-    validated = []
-    for i, batch in enumerate(_batches(_designs())):
-        designs, out = tmp_path / f"d{i}.jsonl", tmp_path / f"v{i}.jsonl"
-        designs.write_text("".join(json.dumps(r) + "\n" for r in batch))
-        res = run_spade("validate", "--designs", designs, "--out", out)
-        assert res.returncode == 0, res.stderr
-        validated.append(out)
-    rows = {r["title"]: r for p in validated for r in map(json.loads, p.read_text().splitlines())}
-    agent = HintedAgent(AutoTokenizer.from_pretrained(tiny_model))
-    rollouts = tmp_path / "r.jsonl"
-    rollout.run(str(tiny_model), validated, rollouts, k=4, backend_obj=agent)
-    res = run_spade("regret", "--envs", ",".join(map(str, validated)), "--rollouts", rollouts, "--out", tmp_path / "s.jsonl")
-    assert res.returncode == 0, res.stderr
-    scores = {r["env_id"]: r for r in map(json.loads, (tmp_path / "s.jsonl").read_text().splitlines())}
+    rows, scores = _pipeline(tmp_path, _batches(_designs()), tiny_model)
     got = {t: (r["reason"], scores[r["env_id"]]["flags"], scores[r["env_id"]]["designer_reward"],
                scores[r["env_id"]]["regret"]) for t, r in rows.items()}
     for name, (_, _, stopped_by) in kc.HACKS.items():
@@ -118,6 +101,46 @@ def test_answer_tables_and_hidden_rules_lose_their_reward(tmp_path: Path, tiny_m
     assert "teaches nothing" in check["detail"] and vault["stats"]["probes"]["answer_table"]["seeds_solved"] >= 3
     capitals = next(c for c in rows["capitals_corrected"]["checks"] if c["name"] == "answer_table")
     assert "teaches the answer" in capitals["detail"]
+
+
+def _pipeline(tmp_path: Path, batches: list[list[dict]], tiny_model) -> tuple[dict, dict]:
+    """validate (CLI) -> rollout (stage core, scripted agent, k = 4) -> regret (CLI): rows by
+    title, scores by env id."""
+    from transformers import AutoTokenizer
+
+    from stages import rollout
+
+    validated = []
+    for i, batch in enumerate(batches):
+        designs, out = tmp_path / f"d{i}.jsonl", tmp_path / f"v{i}.jsonl"
+        designs.write_text("".join(json.dumps(r) + "\n" for r in batch))
+        res = run_spade("validate", "--designs", designs, "--out", out)
+        assert res.returncode == 0, res.stderr
+        validated.append(out)
+    rows = {r["title"]: r for p in validated for r in map(json.loads, p.read_text().splitlines())}
+    agent = HintedAgent(AutoTokenizer.from_pretrained(tiny_model))
+    rollouts = tmp_path / "r.jsonl"
+    rollout.run(str(tiny_model), validated, rollouts, k=4, backend_obj=agent)
+    res = run_spade("regret", "--envs", ",".join(map(str, validated)), "--rollouts", rollouts,
+                    "--out", tmp_path / "s.jsonl")
+    assert res.returncode == 0, res.stderr
+    scores = {r["env_id"]: r for r in map(json.loads, (tmp_path / "s.jsonl").read_text().splitlines())}
+    return rows, scores
+
+
+def test_quickstart_family_designs_keep_their_reward(tmp_path: Path, tiny_model) -> None:
+    """Every family design (52: thirteen rules, corrected or marked, paid per round or at the
+    end), played by an agent that knows each rule when hinted: valid, unflagged, positive reward."""
+    from spade_cli import family
+
+    rows = [{"schema": "spade.design/1", "title": e["name"], "code": e["code"], "hint": e["hint"],
+             "gen": {"backend": "pool"}} for e in family.members(0)]
+    got, scores = _pipeline(tmp_path, [rows], tiny_model)
+    bad = {t: (r["reason"], scores[r["env_id"]]["flags"], scores[r["env_id"]]["designer_reward"])
+           for t, r in got.items() if not r["valid"] or scores[r["env_id"]]["flags"]
+           or scores[r["env_id"]]["designer_reward"] <= 0}
+    assert not bad, bad
+    assert all(scores[r["env_id"]]["hinted_mean"] == 1.0 for r in got.values())  # the oracle solved them
 
 
 @pytest.mark.unit
