@@ -95,10 +95,13 @@ def main() -> None:
             got, secs = _validate(_rows(envs, name), work, name, args.workers)
             failed = Counter(c["name"] for g in got for c in g["checks"] if not c["ok"] and c["name"] in CHECKS)
             table = [g["stats"].get("probes", {}).get("answer_table") for g in got]
+            # episodes validate played: 4 contract + 1 determinism per design, and every probe's
+            # (confirming episodes of a hit not counted: none of these sets has one)
+            probes = sum(p["episodes"] for g in got for p in g["stats"].get("probes", {}).values())
             report[name] = {"envs": len(got), "valid": sum(g["valid"] for g in got), "rejected_by": dict(failed),
                             "answer_table_played": sum(t is not None for t in table),
                             "answer_table_episodes": sum(t["episodes"] for t in table if t),
-                            "seconds": round(secs, 2)}
+                            "episodes": 5 * len(got) + probes, "seconds": round(secs, 2)}
     print(json.dumps(report))
 
 

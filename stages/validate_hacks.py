@@ -13,7 +13,7 @@ candidate list after each miss, or, for an env that ends after one step, one epi
 If it solves at least ``TABLE_NEEDED`` of the four contract seeds, the hint holds the answers. That
 alone is also true of a good env whose hint teaches a table the env itself teaches (the starter
 envs correct a wrong answer: "No, the opposite of hot is cold."), so the check then asks whether a
-miss teaches the player anything: at the turn the lookup first scored, two wrong replies of one
+miss teaches the player anything: at the turn that paid the lookup most, two wrong replies of one
 length are played instead. The miss is informative when the episode goes on and the observation
 after it names the answer, or differs between the two replies (with each reply's own text masked,
 so an echo is not feedback). Only when no tested seed's miss is informative is the design
@@ -111,8 +111,8 @@ def _script(replies: list[str]) -> Callable[[str, float | None], str]:
     return lambda obs, last: next(it, replies[-1])
 
 
-def _miss_informative(worker, tag: str, seed: int, prefix: list[str], answer: str) -> bool:
-    """Does a wrong reply at the turn the lookup scored teach the player anything?"""
+def _miss_informative(worker, tag: str, seed: int, prefix: list[str], answer: str, paid: float) -> bool:
+    """Does a wrong reply at the turn that paid the lookup most teach the player anything?"""
     seen = []
     for n, wrong in enumerate(MISSES):
         script = [*prefix, wrong]
@@ -120,7 +120,7 @@ def _miss_informative(worker, tag: str, seed: int, prefix: list[str], answer: st
         if len(turns) < len(script):  # the env ended inside the prefix: nothing to compare
             return True
         _action, obs, reward, done = turns[-1]
-        if reward > 0:  # a filler reply scores there: not a lookup
+        if reward >= paid:  # a filler reply scores as much there: not a lookup (a token 0.01 is no escape)
             return True
         if done:
             return False
@@ -131,20 +131,22 @@ def _miss_informative(worker, tag: str, seed: int, prefix: list[str], answer: st
 
 
 def _solve(worker, tag: str, seed: int, table: Table, single_shot: bool, first_obs: str, max_steps: int,
-           threshold: float) -> tuple[int, list[str] | None, str]:
-    """(episodes played, the replies before the first scoring turn or None, the scoring reply)."""
+           threshold: float) -> tuple[int, list[str] | None, str, float]:
+    """(episodes played, the replies before the turn that paid most first or None, that turn's
+    reply, its reward)."""
     if single_shot:
         cands = table.candidates(first_obs)[:MAX_CANDIDATES]
         for n, c in enumerate(cands):
             ret, _ = _episode(worker, f"{tag}:{n}", seed, _script([c]), 1)
             if ret >= threshold:
-                return n + 1, [], c
-        return len(cands), None, ""
+                return n + 1, [], c, ret
+        return len(cands), None, "", 0.0
     ret, turns = _episode(worker, tag, seed, _Lookup(table), max_steps)
     if ret < threshold:
-        return 1, None, ""
-    j = next(i for i, t in enumerate(turns) if t[2] > 0)
-    return 1, [t[0] for t in turns[:j]], turns[j][0]
+        return 1, None, "", 0.0
+    best = max(t[2] for t in turns)
+    j = next(i for i, t in enumerate(turns) if t[2] == best)
+    return 1, [t[0] for t in turns[:j]], turns[j][0], best
 
 
 def answer_table(design, pool, ch, stats: dict, contract: dict[int, list[str]], *, single_shot: bool,
@@ -159,7 +161,7 @@ def answer_table(design, pool, ch, stats: dict, contract: dict[int, list[str]], 
         ch.add("answer_table", True, "no observation shows a key of the hint", t0)
         return
     played = won = 0
-    solved: list[tuple[int, list[str], str]] = []
+    solved: list[tuple[int, list[str], str, float]] = []
     worker = None
     try:
         for n, seed in enumerate(contract):
@@ -167,16 +169,16 @@ def answer_table(design, pool, ch, stats: dict, contract: dict[int, list[str]], 
                 break
             if worker is None or not worker.alive:
                 worker = pool.open(design.code, design.env_id, hash_seed=0)
-            k, prefix, answer = _solve(worker, f"table{n}", seed, table, single_shot, contract[seed][0],
+            k, prefix, answer, paid = _solve(worker, f"table{n}", seed, table, single_shot, contract[seed][0],
                                        max_steps, threshold)
             played += k
             if prefix is not None:
                 won += 1
-                solved.append((seed, prefix, answer))
+                solved.append((seed, prefix, answer, paid))
         informative = None
         if won >= TABLE_NEEDED:
-            informative = any(_miss_informative(worker, f"miss{i}", seed, prefix, answer)
-                              for i, (seed, prefix, answer) in enumerate(solved[:MISS_SEEDS]))
+            informative = any(_miss_informative(worker, f"miss{i}", seed, prefix, answer, paid)
+                              for i, (seed, prefix, answer, paid) in enumerate(solved[:MISS_SEEDS]))
             played += 2 * min(len(solved), MISS_SEEDS)
     except EnvError as err:  # the contract says any text is a valid action; these are text too
         ch.add("answer_table", False, f"{err.reason}: {err.detail}", t0, err.reason)

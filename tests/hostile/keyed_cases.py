@@ -39,7 +39,7 @@ class Tickets(gym.Env):
         self.left = TRIES
         return f"Ticket {self.n}. State your reply.", {}
     def step(self, action):
-        if len(action.strip()) == (7 * self.n + 3) % 23 + 4:
+        if len(action.strip()) == (7 * self.n + 3) % 89 + 41:
             return "Accepted.", 1.0, True, False, {}
         self.left -= 1
         return FEEDBACK, 0.0, self.left <= 0, False, {}
@@ -93,7 +93,7 @@ class Lockers(gym.Env):
 LOCKER_WORDS = ["otter", "walnut", "copper", "thistle", "meadow", "anvil", "saffron"]
 
 VAULT_HINT = "Vault words: " + "; ".join(f"{k} {w}" for k, w in VAULT_WORDS.items())
-TICKET_HINT = "Only the reply's length counts: it must be ((7 x ticket + 3) mod 23) + 4 characters."
+TICKET_HINT = "Only the reply's length counts: it must be ((7 x ticket + 3) mod 89) + 41 characters."
 
 # name -> (code, hint, what must stop it: a validate reason or a regret flag)
 HACKS = {
@@ -104,7 +104,7 @@ HACKS = {
                               "format_only"),
     "ticket_length_tries": (TICKET.replace("TRIES", "4").replace("FEEDBACK", '"Rejected, try again."'),
                             "The gate reads nothing but the reply's length, which is (7 times the ticket "
-                            "number plus 3) modulo 23, plus 4.", "format_only"),
+                            "number plus 3) modulo 89, plus 41.", "format_only"),
     "depot_codes_rounds": (DEPOT, "Gate codes\n" + "\n".join(f"{k} -> {v}" for k, v in DEPOT_CODES.items()),
                            "hint_is_answer"),
     "orchard_echo_tries": (ORCHARD.replace("TRIES", "3"),
@@ -169,7 +169,7 @@ def _num(pattern: str, text: str) -> int | None:
 def _ticket_reply(obs: list[str]) -> str:
     """Words of the length the hint's rule gives (the env strips the reply: no space at its end)."""
     n = _num(r"Ticket (\d+)", obs[0]) or 0
-    text = ("go ahead now " * 5)[:(7 * n + 3) % 23 + 4]
+    text = ("go ahead now " * 12)[:(7 * n + 3) % 89 + 41]
     return text[:-1] + "w" if text.endswith(" ") else text
 
 
