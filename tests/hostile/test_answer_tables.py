@@ -96,6 +96,9 @@ def test_answer_tables_and_hidden_rules_lose_their_reward(tmp_path: Path, tiny_m
     # without the new checks every hack would have paid: the hinted agent solves them all
     for name in ("ticket_length_one_try", "ticket_length_tries"):
         assert got[name][3] == 1.0
+    for name, (_, _, stopped_by) in kc.HACKS.items():  # the tables fall to the new probe, not an old one
+        failed = [c["name"] for c in rows[name]["checks"] if not c["ok"]]
+        assert failed == (["answer_table"] if stopped_by == "hint_is_answer" else []), (name, failed)
     vault = rows["vault_tries_wrong"]
     check = next(c for c in vault["checks"] if c["name"] == "answer_table")
     assert "teaches nothing" in check["detail"] and vault["stats"]["probes"]["answer_table"]["seeds_solved"] >= 3
