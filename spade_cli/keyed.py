@@ -80,9 +80,10 @@ class Table:
     def usable(self) -> bool:
         return bool(self.grains or self.lists)
 
-    def candidates(self, obs: str) -> list[str]:
-        """Replies the hint keys to what ``obs`` shows, most likely first (at most MAX_CANDIDATES)."""
-        shown = set(words(obs))
+    def candidates(self, obs: str | set[str]) -> list[str]:
+        """Replies the hint keys to what ``obs`` shows (its text, or its ``words`` as a set), most
+        likely first (at most MAX_CANDIDATES)."""
+        shown = obs if isinstance(obs, set) else set(words(obs))
         out: list[str] = []
         for entries, sets, count in self.grains:
             for entry, ws in zip(entries, sets, strict=True):

@@ -154,15 +154,18 @@ def answer_table(design, pool, ch, stats: dict, contract: dict[int, list[str]], 
     """The ``answer_table`` check (reason ``hint_is_answer``); ``contract``: seed -> the
     observations of that seed's contract episode."""
     t0 = time.perf_counter()
+    if not Table(design.hint or "").usable:  # one entry, no list: nothing to look up
+        ch.add("answer_table", True, "the hint is not a table", t0)
+        return
     # The key is what the seed draws: words every seed shows are the frame. The screen drops any
     # word all four contract episodes showed (error messages, "Unknown command; use ..."); the
     # lookup drops only those of every first observation, so a key that happened to come up in
     # every episode is still read when it comes up again.
-    firsts = [set(words(obs[0])) for obs in contract.values() if obs]
-    seen = [set(words(" ".join(obs))) for obs in contract.values() if obs]
+    shown = {s: [set(words(o)) for o in obs] for s, obs in contract.items() if obs}  # one pass over the text
+    firsts, seen = [ws[0] for ws in shown.values()], [set().union(*ws) for ws in shown.values()]
     table = Table(design.hint or "", set.intersection(*firsts) if len(firsts) > 1 else set())
     screen = Table(design.hint or "", set.intersection(*seen) if len(seen) > 1 else set())
-    keyed = [s for s, obs in contract.items() if screen.usable and any(screen.candidates(o) for o in obs)]
+    keyed = [s for s, ws in shown.items() if any(screen.candidates(w) for w in ws)]
     if not keyed:
         ch.add("answer_table", True, "no observation shows a key of the hint", t0)
         return
