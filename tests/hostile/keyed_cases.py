@@ -144,7 +144,7 @@ class Guess(gym.Env):
         self.left = 8
         return "Guess my number from 1 to 100. You have 8 guesses.", {}
     def step(self, action):
-        m = re.search(r"\d+", action)
+        m = re.search(r"\\d+", action)
         g = int(m.group()) if m else None
         self.left -= 1
         if g == self.secret:
