@@ -9,7 +9,10 @@ model: for each env with a successful hinted episode, the recorded actions of it
 replayed on ``k`` other seeds, each in a fresh confined process; if they solve at least
 ``min_share`` of them, the env is flagged.
 
-Cost: ``k`` replay episodes per env with a successful hinted episode (no generation). It
+``form_only`` replays the same episode on its own seed with every reply's content replaced by
+filler of the same form: if that still solves it, the reward reads only the form (``format_only``).
+
+Cost: ``k`` + 2 replay episodes per env with a successful hinted episode (no generation). It
 catches answers that are the same for every seed, whatever form they take (validate's probes catch
 those that can be read off the hint). It misses answers that vary with the seed in a way the hint
 still gives away (a hint that depends on the seed is not possible: the hint is one string per env),
@@ -39,10 +42,13 @@ class _Turn(msgspec.Struct):
 class _Row(msgspec.Struct):
     env_id: str
     turns: list[_Turn] = []
+    seed: int | None = None
 
 
-def read_actions(locations: dict[str, tuple[Path, int]]) -> dict[str, list[str]]:
-    """The actions of the episode at each ``(path, line)``, keyed by env id (one pass per file)."""
+def read_actions(locations: dict[str, tuple[Path, int]], seeds: dict[str, int] | None = None,
+                 ) -> dict[str, list[str]]:
+    """The actions of the episode at each ``(path, line)``, keyed by env id (one pass per file);
+    ``seeds``, when given, receives each episode's env seed."""
     by_file: dict[Path, dict[int, str]] = {}
     for env_id, (path, lineno) in locations.items():
         by_file.setdefault(Path(path), {})[lineno] = env_id
@@ -55,6 +61,8 @@ def read_actions(locations: dict[str, tuple[Path, int]]) -> dict[str, list[str]]
                 if env_id is not None:
                     row = dec.decode(raw)
                     out[env_id] = [t.action for t in row.turns]
+                    if seeds is not None and row.seed is not None:
+                        seeds[env_id] = row.seed
                     if len(out) == len(locations):
                         break
     return out
@@ -104,4 +112,41 @@ def seed_invariance(solutions: dict[str, tuple[str, list[str]]], pool, *, run_se
         share = solved / k
         out[env_id] = {"audit": "seed_replay", "replays": k, "solved": solved, "actions": len(actions),
                        "error": error, "seed_invariant": error is None and share >= min_share}
+    return out
+
+
+FILLERS = ("x", "q")  # every non-space character of the replies becomes one of these, in turn
+
+
+def content_free(actions: list[str], fill: str) -> list[str]:
+    """The replies with their content gone and their form kept: same lengths, lines and words."""
+    return ["".join(c if c.isspace() else fill for c in a) for a in actions]
+
+
+def form_only(solutions: dict[str, tuple[str, int, list[str]]], pool) -> dict[str, dict]:
+    """Per env: does its best hinted episode, replayed on its own seed with every reply's content
+    replaced by filler of the same form (``content_free``), still solve it, for both fillers? Then
+    the reward reads only the reply's form (a length, a line count that the hint states as a rule
+    over what the observation shows), and the env is ``format_only``. Replies the filler leaves
+    unchanged prove nothing, so such an episode is not judged."""
+    from spade_cli.sandbox import EnvError
+
+    out: dict[str, dict] = {}
+    for env_id, (code, seed, actions) in sorted(solutions.items()):
+        tag = hashlib.sha256(env_id.encode()).hexdigest()[:8]
+        fills = [content_free(actions, f) for f in FILLERS]
+        if any(f == actions for f in fills):
+            continue
+        solved, error = 0, None
+        try:
+            w = pool.open(code, env_id)
+            try:
+                for i, replies in enumerate(fills):
+                    solved += replay(w, f"form-{tag}-{i}", seed, replies) >= SOLVED
+            finally:
+                w.close()
+        except EnvError as err:
+            error = err.reason
+        out[env_id] = {"replays": len(fills), "solved": solved, "error": error,
+                       "format_only": error is None and solved == len(fills)}
     return out

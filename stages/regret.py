@@ -120,15 +120,21 @@ def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int, 
 
     where = {e: st["best_at"] for e, st in per_env.items()
              if e in valid and valid[e].code and st.get("best_ret", 0.0) >= audits.SOLVED}
-    actions = {e: a for e, a in audits.read_actions(where).items() if a}
+    seeds: dict[str, int] = {}
+    actions = {e: a for e, a in audits.read_actions(where, seeds).items() if a}
     if not actions:
         return {}
     from spade_cli.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 
     try:
         with SandboxPool(SandboxConfig(tier="auto")) as pool:
-            return audits.seed_invariance({e: (valid[e].code, a) for e, a in actions.items()}, pool,
-                                          run_seed=0, k=k, key=key)
+            out = audits.seed_invariance({e: (valid[e].code, a) for e, a in actions.items()}, pool,
+                                         run_seed=0, k=k, key=key)
+            form = audits.form_only({e: (valid[e].code, seeds[e], a) for e, a in actions.items() if e in seeds},
+                                    pool)
+            for e, f in form.items():  # the content-free replay of the same episode (docs/regret.md)
+                out[e]["form_replay"] = f
+            return out
     except SandboxUnavailable as exc:
         raise SpadeError(f"the seed audit needs the sandbox ({exc}); pass --no-audit to skip it") from None
 
@@ -220,7 +226,10 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     t_audit = time.time()
     audited = _seed_audit({e: v for e, v in valid.items() if e not in broken}, per_env, audit_seeds,
                           seed_key(map(seed_material, designs))) if audit else {}
-    flags = {e: ["seed_invariant"] for e, a in audited.items() if a["seed_invariant"]}
+    flags = {e: [f for f, hit in (("format_only", (a.get("form_replay") or {}).get("format_only")),
+                                  ("seed_invariant", a["seed_invariant"])) if hit]
+             for e, a in audited.items()}
+    flags = {e: f for e, f in flags.items() if f}
     flags.update({e: ["rollout_errors"] for e in broken})
     audited.update(broken)
     t_audit = time.time() - t_audit
@@ -306,7 +315,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "episodes_failed": sum(st["h_err"] + st["u_err"] for st in per_env.values()),
                "envs_rollout_errors": len(broken),
                "audited": len(audited) - len(broken),
-               "flagged": {"seed_invariant": len(flags) - len(broken), "rollout_errors": len(broken)},
+               "flagged": {f: sum(f in fl for fl in flags.values())
+                           for f in ("seed_invariant", "format_only", "rollout_errors")},
                "warnings": warnings}
     stage.warnings.extend(warnings)
     stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3),

@@ -22,8 +22,10 @@ The checks, in order:
    ``PYTHONHASHSEED``; any difference is ``nondeterministic``. Every probe episode runs in a fresh
    process forked from the zygote, with a seed drawn as rollout draws it.
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
-   ``trivial_return``), ``hint_is_answer`` and ``format_only`` (replies made from the hint alone,
-   or with no task content, reach it on two seeds: ``spade_cli/probes.py``).
+   ``trivial_return`` on its seed and on 2 of 3 more), ``hint_is_answer`` and ``format_only``
+   (replies made from the hint alone, or with no task content, reach it on two seeds:
+   ``spade_cli/probes.py``), ``answer_table`` (the hint read as a table keyed by what the
+   observation shows solves 3 of 4 seeds and a miss teaches nothing: ``stages/validate_hacks.py``).
 
 ``duplicate`` runs right after the static checks, before any process starts: a design whose
 code, up to names, constants, messages, dead code, unread names, the order of definitions, comments
@@ -66,6 +68,7 @@ from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnava
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 from spade_cli.sandbox.envproc import PARSE_LOCK
 from spade_cli.sandbox.supervisor import heavy_imports
+from stages import validate_hacks
 
 SCRIPTED = ["", "1", "yes", "look", "0", "a", "hello world", "2", "no",
             '{"tool": "search", "arguments": {"query": "x"}}', "north", "42", "help", "b", "3", "quit"]
@@ -250,14 +253,23 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
     t0 = time.perf_counter()
     easy = {k: episodes[k]["return"] for k in ("empty", "fixed", "random")
             if episodes[k]["return"] >= trivial_return}
+    if easy and ch.reason is None:  # one lucky seed is not a trivial env: confirm on more seeds
+        easy = validate_hacks.confirm_trivial(
+            design, pool, easy, {"empty": lambda s: policies["empty"], "fixed": lambda s: policies["fixed"],
+                                 "random": lambda s: _random_policy(s + 3)},
+            lambda i: episode_seed(seed, VALIDATION_ITERATION, design.env_id, i, seeds_key),
+            max_steps=max_steps, threshold=trivial_return)
     ch.add("trivial", not easy, f"degenerate policies reach a high return: {easy}" if easy
-           else f"degenerate and random returns < {trivial_return}", t0, "trivial")
+           else f"degenerate and random returns < {trivial_return} (or on one seed only)", t0, "trivial")
+    single_shot = episodes["scripted"]["done"] and episodes["scripted"]["steps"] <= 1
     if ch.reason is None:  # probes cost episodes: only for designs that are valid so far
-        single_shot = episodes["scripted"]["done"] and episodes["scripted"]["steps"] <= 1
         hack_probes(design, pool, ch, stats, single_shot=single_shot, max_steps=max_steps,
                     seeds=(episode_seed(seed, VALIDATION_ITERATION, design.env_id, 10, seeds_key),
                            episode_seed(seed, VALIDATION_ITERATION, design.env_id, 11, seeds_key)),
                     trivial_return=trivial_return)
+    if ch.reason is None:
+        validate_hacks.answer_table(design, pool, ch, stats, {seeds[k]: e["obs"] for k, e in episodes.items()},
+                                    single_shot=single_shot, max_steps=max_steps, threshold=trivial_return)
     if ch.reason is None and (design.gen or {}).get("backend") != "pool":  # the second duplicate key
         stats["behaviour"] = behaviour.play_fingerprint(
             pool, design.code, design.env_id, play, policies["scripted"],

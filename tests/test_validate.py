@@ -91,7 +91,7 @@ def test_benign_envs_pass_and_manifest(tmp_path: Path) -> None:
     names = [c["name"] for c in got[0]["checks"]]
     assert names == ["code", "size", "syntax", "env_class", "duplicate", "import", "contract",
                      "gym_check_env", "return_range", "determinism", "hint_leak", "no_hint", "trivial",
-                     "hint_is_answer", "format_only"]
+                     "hint_is_answer", "format_only", "answer_table"]
     assert got[0]["env_id"] == env_id_for(rows[0]["code"], rows[0]["hint"])
     manifest = json.loads(Path(f"{out}.manifest.json").read_text())
     assert manifest["sandbox"]["tier"] == json.loads(r.stdout.splitlines()[-1])["tier"]
@@ -250,3 +250,23 @@ def test_one_process_per_episode_and_none_more(monkeypatch: pytest.MonkeyPatch) 
     # 4 contract episodes, 1 determinism episode, the probes, the behavioural fingerprint's episode;
     # no process for the import or the checker
     assert len(handed) == 4 + 1 + probe_episodes + 1, (len(handed), probe_episodes)
+
+
+def test_trivial_is_confirmed_on_more_seeds() -> None:
+    """A degenerate policy that hits on one seed rejects the design only when it hits on at least
+    two of three more: the env below pays the empty reply on seeds divisible by 10 only."""
+    from spade_cli.records import Design
+    from spade_cli.sandbox import SandboxConfig, SandboxPool
+    from stages.validate_hacks import confirm_trivial
+
+    code = env_src(reset="self.lucky = (seed or 0) % 10 == 0",
+                   ret="return 'o', float(self.lucky and action == ''), True, False, {}")
+    d = Design(code=code, hint="h")
+    empty = {"empty": lambda s: (lambda t: "")}
+    with SandboxPool(SandboxConfig()) as pool:
+        unlucky = confirm_trivial(d, pool, {"empty": 1.0}, empty, lambda i: 10 * i + 1, max_steps=4, threshold=0.8)
+        lucky = confirm_trivial(d, pool, {"empty": 1.0}, empty, lambda i: 10 * i, max_steps=4, threshold=0.8)
+        once = confirm_trivial(d, pool, {"empty": 1.0}, empty, lambda i: 10 * i + (i % 3 != 0), max_steps=4,
+                               threshold=0.8)
+    assert unlucky == {} and once == {}
+    assert lucky == {"empty": "3 of 3 seeds"}  # the contract seed and the first two confirming ones
