@@ -17,7 +17,9 @@ What it does not catch: a copy whose messages are reworded (the text is part of 
 without it, different envs that pay 0 to the scripted replies would collide); a copy in another
 iteration (memory envs are not played again, and the seed differs between inputs); an env that
 behaves alike on this one episode but differs elsewhere is a duplicate by this key, which is why
-the transcript keeps the text.
+the transcript keeps the text. Two envs that differ only in how they pay a right reply (per
+round or at the end) look alike when the scripted replies are never right, and the second is
+a duplicate (docs/results.md counts this on the quickstart's family envs).
 
     fp = fingerprint(obs=["Guess 1-100"], ret=0.0, steps=16, done=False)  # "beh1:..."
 """
