@@ -6,7 +6,7 @@ a flat mapping into click's ``default_map``, so a flag given on the command line
 the file and the file wins over the defaults in code. Unknown keys in the file are a usage error
 (exit 2) rather than silently ignored.
 
-Exit codes (DESIGN §2): 0 success, 2 usage error (typer/click), 1 anything else.
+Exit codes (docs/architecture.md, 'Command conventions'): 0 success, 2 usage error (typer/click), 1 anything else.
 """
 
 from __future__ import annotations

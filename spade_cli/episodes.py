@@ -27,7 +27,7 @@ has one) the stream equals the rendered final chat. A template that rewrites ear
 Qwen3 drops old ``<think>`` blocks) is spliced turn by turn instead: the reply's end as the
 template writes it, then the new user turn rendered on its own — the tokens the model actually saw.
 
-Environments are deterministic given the seed and the actions (DESIGN §4). The engine uses that
+Environments are deterministic given the seed and the actions (docs/architecture.md, 'The environment contract'). The engine uses that
 when a worker process dies: each episode remembers the worker it lives on, and one that shared the
 dead worker is rebuilt on the replacement by replaying its actions before its next step; a replay
 that does not reproduce the recorded observations ends the episode as ``nondeterministic``.

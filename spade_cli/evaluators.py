@@ -45,7 +45,7 @@ from spade_cli.records import Eval
 KINDS = ("lm", "rg", "envs", "bfcl", "tau2", "evalscope")
 THINKING_KINDS = ("rg", "envs", "bfcl", "tau2")  # the kinds spade generates for, two phases possible
 PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
-# The paper's held-out suite (DESIGN §1) with a sampling setting per benchmark: samples per item
+# The paper's held-out suite (docs/architecture.md, 'The method') with a sampling setting per benchmark: samples per item
 # (the score is pass@1 averaged over them), temperature, max new tokens. The settings are the
 # Qwen3 thinking-mode ones (temperature 0.6, 32k tokens; 16 samples on the 30-problem AIME sets,
 # 4 on GPQA-Diamond and LiveCodeBench); ACEBench ships in no package, so it stays on evalscope.

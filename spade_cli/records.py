@@ -1,4 +1,4 @@
-"""The records spade writes, one frozen dataclass per schema (DESIGN §3).
+"""The records spade writes, one frozen dataclass per schema (docs/architecture.md, 'Records').
 
 Every JSONL row carries ``"schema": "spade.<kind>/<int>"``. ``parse(row)`` turns a dict into the
 record for its kind after upgrading old versions with the numbered functions in ``UPGRADES``; a
@@ -235,7 +235,7 @@ def field_message(msg: str, known: dict[str, Any]) -> str:
     return f"field {key!r} must be {want}, got {got}"
 
 
-# The env contract bounds an episode's return to [0, 1] (DESIGN §4), with the 1e-6 slack for float
+# The env contract bounds an episode's return to [0, 1] (docs/architecture.md, 'The environment contract'), with the 1e-6 slack for float
 # sums that validation and the episode engine allow. An episode that ended in an env error records
 # rollout's --error-return instead, which rollout bounds to ERROR_RETURN_RANGE.
 RETURN_SLACK = 1e-6

@@ -1,7 +1,7 @@
 """`spade design`: the Designer writes environments, or a fixed pool stands in for it.
 
 Inputs: a model (any backend), a corpus for grounding, the environment memory. Output: one
-``spade.design/1`` row per sampled design (DESIGN §3), ``n`` rows in ``n / group`` groups; the
+``spade.design/1`` row per sampled design (docs/architecture.md, 'Records'), ``n`` rows in ``n / group`` groups; the
 ``group`` samples of one group share a prompt and a ``group_id`` and form one GRPO group when the
 Designer is updated.
 

@@ -3,7 +3,7 @@
 Input: ``spade.validation/1`` rows (one or more files or globs: this iteration's validated
 designs plus, for instance, a replay file of earlier environments). Only ``valid`` rows are
 played; an env that appears twice (same ``env_id``) is played once. Output: one
-``spade.rollout/1`` row per episode (DESIGN §3), written as episodes finish.
+``spade.rollout/1`` row per episode (docs/architecture.md, 'Records'), written as episodes finish.
 
 Common random numbers: the k pairs of an env use k env seeds derived from (run seed, iteration,
 env_id, pair), and the hinted and the unhinted episode of a pair share the seed, so the

@@ -1,6 +1,6 @@
 """Bad input as a careless user or a broken upstream tool hands it to each stage, through the real CLI.
 
-Every case asserts what DESIGN §2 promises: the exit status (2 for an output path that cannot or
+Every case asserts what docs/architecture.md, 'Command conventions', promises: the exit status (2 for an output path that cannot or
 must not be written, 1 for a bad input row), a one-line message naming the file (and line and
 field for a bad row), no traceback, and nothing under the final output name — an output that is
 also an input is left byte for byte as it was. No case needs a model: every refusal happens before

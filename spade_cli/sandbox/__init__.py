@@ -1,4 +1,4 @@
-"""The sandbox that runs generated environments (DESIGN §5): one confined OS process per episode.
+"""The sandbox that runs generated environments (docs/architecture.md, 'Sandbox'): one confined OS process per episode.
 
 Public API (used by ``spade validate`` and ``spade rollout``)::
 

@@ -42,7 +42,7 @@ TIERS = ("process", "strong")
 
 
 class EnvError(Exception):
-    """An env misbehaved. ``reason`` is a DESIGN §5 code, ``detail`` a short human sentence."""
+    """An env misbehaved. ``reason`` is a reason code (docs/architecture.md, 'Reason codes'), ``detail`` a short human sentence."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
