@@ -253,9 +253,40 @@ def return_problem(ret: float, error: str | None) -> str | None:
     return f"field 'return' must lie in [0, 1] (the env contract), got {ret!r}"
 
 
+class _TokenIds(msgspec.Struct):
+    """The two arrays every ``tokens`` object holds; its other keys are checked where they are used."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+def tokens_problem(tokens: dict | None) -> str | None:
+    """Why a row's ``tokens`` object is malformed, or None. Decoded by msgspec (C speed, so a row of
+    thousands of ids costs little): a row without ``completion_ids`` must not pass for an episode or
+    design that produced no tokens, which a trainer would silently leave out."""
+    if tokens is None:
+        return None
+    missing = [f"'tokens.{k}'" for k in _TokenIds.__struct_fields__ if k not in tokens]
+    if missing:
+        return (f"field {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: a tokens "
+                "object holds prompt_ids and completion_ids (lists of token ids)")
+    try:
+        msgspec.convert(tokens, _TokenIds)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = _MSGSPEC_ERROR.fullmatch(msg)
+        if m:
+            name = m["path"].split(".")[0].split("[")[0]
+            return f"field 'tokens.{name}' must be a list of integers, got {reprlib.repr(tokens.get(name))}"
+        return f"field 'tokens': {msg}"
+    return None
+
+
 def _out_of_bounds(rec: Record) -> str | None:
     if isinstance(rec, Rollout):
-        return return_problem(rec.return_, rec.error)
+        return return_problem(rec.return_, rec.error) or tokens_problem(rec.tokens)
+    if isinstance(rec, Design):
+        return tokens_problem(rec.tokens)
     return None
 
 
