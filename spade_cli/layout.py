@@ -26,6 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
+    if not spec:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {spec!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= I < N")
+    return i, n
+
+
 @dataclass(frozen=True)
 class RunLayout:
     root: Path

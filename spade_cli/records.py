@@ -42,6 +42,22 @@ def env_id_for(code: str | None, hint: str | None) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+# Marks the env_id of a design that did not parse: it names a failed sample, not an environment.
+FAILED_PREFIX = "unparsed-"
+
+
+def failed_design_id(group_id: str | None, sample: int, completion: str | None) -> str:
+    """The env_id of a design that failed to parse: ``unparsed-`` + 12 hex of (group, sample, text).
+
+    The content id of a design hashes its code and hint; a parse failure has neither, so every
+    failure would share the id of empty content and look like one environment. The slot and the
+    completion make the id distinct and deterministic (a rerun writes the same one), and the prefix
+    says it is no environment: no stage plays, scores or remembers it as one.
+    """
+    key = f"{group_id}|{sample}|{completion or ''}"
+    return FAILED_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class Design:
     schema = "spade.design/1"

@@ -37,20 +37,8 @@ from typing import Any
 
 from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.episodes import Engine, EnvSource, PlayConfig, Stats, episode_specs, seed_key, seed_material
+from spade_cli.layout import parse_shard
 from spade_cli.records import ERROR_RETURN_RANGE, Validation
-
-
-def parse_shard(spec: str | None) -> tuple[int, int]:
-    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
-    if not spec:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in str(spec).split("/"))
-    except ValueError:
-        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {spec!r}") from None
-    if not 0 <= i < n:
-        raise ValueError(f"--shard {spec}: need 0 <= I < N")
-    return i, n
 
 
 def in_shard(env_id: str, shard: tuple[int, int]) -> bool:
