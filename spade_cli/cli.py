@@ -17,18 +17,21 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 import typer.rich_utils
 from rich.console import Console
-from typer.core import TyperCommand, TyperOption
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 console = Console(stderr=True, highlight=False)
 
 PANEL_LOOP = "The loop"
 PANEL_HELPERS = "Helpers"
 
+# The commands that load torch (a model, a trainer or the diversity embedding): the ones whose
+# help lists --threads.
+TORCH_COMMANDS = {"design", "rollout", "regret", "update", "eval", "warmstart", "init-model"}
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
 NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads"}
 
@@ -66,11 +69,22 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Run seed; every derived se
 IterationOpt = Annotated[int, typer.Option("--iteration", help="Iteration number recorded in rows.")]
 OutFileOpt = Annotated[Path, typer.Option("--out", help="Output JSONL (written atomically).", dir_okay=False)]
 ModelOpt = Annotated[str, typer.Option("--model", help="Hugging Face checkpoint directory or id.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="Generation backend: hf, vllm or openai.")]
+BackendOpt = Annotated[str, typer.Option("--backend", metavar="hf|vllm|openai", help="Generation backend: hf, vllm, openai (or a custom MODULE:CLASS).")]
 BaseUrlOpt = Annotated[
     str | None, typer.Option("--base-url", help="OpenAI-compatible server for --backend openai.")
 ]
+# Fixed choices as Literal types: help lists them and click refuses any other value (exit 2).
+# tests/test_cli_help.py checks each against the constant of the module that acts on the value.
+Signal = Literal["regret", "ema_lp", "learnability"]  # spade_cli.curriculum.SIGNALS
+Overflow = Literal["close", "end"]  # spade_cli.backends.thinking.OVERFLOW
+Contract = Literal["full", "short"]  # spade_cli.prompts.CONTRACTS
+Tier = Literal["auto", "process", "strong"]  # "auto" or spade_cli.sandbox.config.TIERS
+MinTier = Literal["process", "strong"]  # spade_cli.sandbox.config.TIERS
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+# The widest choice list shown as the metavar (``keep|drop|auto``); see ``_metavar``.
+CHOICES_IN_METAVAR = 14
 
 
 def _metavar(param: Any) -> str:
@@ -79,7 +93,12 @@ def _metavar(param: Any) -> str:
         return ""  # a switch takes no value: `<bool>` only steals width from the help text
     desc = param.type_descriptor
     if desc.is_choice:
-        return "|".join(map(str, desc.choices or ()))
+        joined = "|".join(map(str, desc.choices or ()))
+        if len(joined) <= CHOICES_IN_METAVAR:
+            return joined
+        # Longer lists would widen the type column until option names are cut: the help lists them.
+        param.help = f"{param.help or ''} One of: {', '.join(map(str, desc.choices or ()))}.".strip()
+        return "CHOICE"
     if desc.is_path:
         return {"file": "FILE", "directory": "DIR", "dir": "DIR"}.get(str(desc.path_type), "PATH")
     name = str(desc.annotation)
@@ -101,13 +120,15 @@ class SpadeCommand(TyperCommand):
     each so that rich wraps them to the terminal (a paragraph starting with \\b keeps its lines).
 
     Every command also takes ``--threads`` (spade_cli/threads.py), applied before the command's
-    body runs, hence before it imports torch.
+    body runs, hence before it imports torch. Help shows it only where torch is loaded; elsewhere
+    it stays accepted (scripts, ``SPADE_THREADS``, a shared ``--config``) and changes nothing.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not any(p.name == "threads" for p in self.params):
             self.params.append(_threads_option())
+            self.params[-1].hidden = self.name not in TORCH_COMMANDS
         for param in self.get_params(typer.Context(self)):  # get_params: --help included
             if param.metavar is None:
                 param.metavar = _metavar(param) if isinstance(param, TyperOption) else param.name.upper()
@@ -127,6 +148,16 @@ class SpadeCommand(TyperCommand):
                 and not ctx.params.get("base_url")):
             ctx.params["model"] = check_model(ctx.params["model"])
         return super().invoke(ctx)
+
+
+class SpadeGroup(TyperGroup):
+    """The ``spade`` group: its ``--help`` is a switch, shown without a type, as in every command."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            opt.metavar = ""
+        return opt
 
 
 def check_model(value: str) -> str:

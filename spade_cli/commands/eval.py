@@ -13,6 +13,7 @@ from spade_cli.cli import (
     BaseUrlOpt,
     ConfigOpt,
     ForceOpt,
+    Overflow,
     SeedOpt,
     command,
     console,
@@ -92,7 +93,7 @@ def eval_(
     answer_tokens: Annotated[int | None, typer.Option(
         "--answer-tokens", min=1, help="Answer budget with --think-tokens (default: --max-tokens, "
         "else the task's cap).", rich_help_panel=GEN)] = None,
-    think_overflow: Annotated[str, typer.Option(
+    think_overflow: Annotated[Overflow, typer.Option(
         "--think-overflow", help="Reasoning out of budget: close (spade appends </think>) or end "
         "(no answer: scored wrong).", rich_help_panel=GEN)] = "close",
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Apply the "

@@ -10,6 +10,7 @@ import typer
 from spade_cli.cli import (
     PANEL_HELPERS,
     ConfigOpt,
+    Contract,
     ForceOpt,
     SeedOpt,
     command,
@@ -23,7 +24,7 @@ def warmstart(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Checkpoint to fine-tune (e.g. from init-model).")],
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.", file_okay=False)],
-    pool: Annotated[str, typer.Option("--pool", help="'bundled', 'starter' (short envs) or a folder of NAME.py + NAME.hint.")]
+    pool: Annotated[str, typer.Option("--pool", help="'bundled', 'starter' (short envs), 'family' (generated Designer targets), a folder of NAME.py + NAME.hint or a designs JSONL.")]
     = "bundled",
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the pool (fresh documents each); 0: "
                                         "the Agent's solver episodes only.", min=0)]
@@ -50,8 +51,8 @@ def warmstart(
     = 16,
     agent_thinking: Annotated[bool, typer.Option("--agent-think/--no-agent-think",
                                                  help="Agent prompts as rollout --thinking renders them.")] = True,
-    contract: Annotated[str, typer.Option("--contract", help="The Designer prompts' system message: "
-                                          "full or short (as `spade design --contract`).")] = "full",
+    contract: Annotated[Contract, typer.Option("--contract", help="The Designer prompts' system message "
+                                          "(as `spade design --contract`).")] = "full",
     agent_pool: Annotated[str | None, typer.Option("--agent-pool", help="Where the solver episodes' envs "
                                                    "come from (default: --pool).")] = None,
     memory_k: Annotated[int, typer.Option("--memory-k", min=0, help="Past environments the practice "
