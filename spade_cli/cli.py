@@ -32,6 +32,14 @@ PANEL_HELPERS = "Helpers"
 # The commands that load torch (a model, a trainer or the diversity embedding): the ones whose
 # help lists --threads.
 TORCH_COMMANDS = {"design", "rollout", "regret", "update", "eval", "warmstart", "init-model"}
+# Option names retired for one name per concept across commands: {command: {old: new}}. The old
+# names parse for one release with a deprecation note; help shows only the new ones. The option's
+# parameter keeps its name, so manifests and `--config` keys stay what they were.
+RENAMED: dict[str, dict[str, str]] = {
+    "regret": {"--audit": "--seed-audit", "--no-audit": "--no-seed-audit"},  # update's --audit: weights
+    "warmstart": {"--agent-episodes": "--solver-seeds"},  # update's --agent-episodes: which episodes
+    "eval": {"--max-steps": "--max-messages"},  # --max-steps: env steps (validate), optimizer steps (update)
+}
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
 NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads"}
 
@@ -136,6 +144,21 @@ class SpadeCommand(TyperCommand):
             paras = inspect.cleandoc(self.help).split("\n\n")
             self.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paras)
 
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Old option names (``RENAMED``) still parse, as the new ones, with a note on stderr."""
+        renamed = RENAMED.get(self.name or "", {})
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                out += args[i:]
+                break
+            name, eq, value = arg.partition("=")
+            if name in renamed:
+                console.print(f"[yellow]note:[/] `spade {self.name} {name}` is deprecated; use {renamed[name]}")
+                arg = renamed[name] + eq + value
+            out.append(arg)
+        return super().parse_args(ctx, out)
 
     def invoke(self, ctx: typer.Context) -> Any:
         from spade_cli import threads

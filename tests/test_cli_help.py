@@ -211,3 +211,19 @@ def test_the_docs_checker_finds_a_wrong_option() -> None:
     calls = _spade_calls("run `spade design --pool family --n 2` or\n```\nspade update --model m \\\n  --no-such x\n```")
     assert [(c, rest.split()) for c, rest in calls] == [("design", ["--pool", "family", "--n", "2"]),
                                                        ("update", ["--model", "m", "--no-such", "x"])]
+
+
+# -- one name per concept: retired names still parse, with a note --------------------------------
+
+@pytest.mark.parametrize("command, old, new", [(c, o, n) for c, m in cli.RENAMED.items() for o, n in m.items()])
+def test_a_retired_option_name_parses_as_the_new_one(command: str, old: str, new: str, capsys) -> None:
+    cmd = COMMANDS[command]
+    assert new in _options(command) and old not in _options(command)
+    required = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
+                "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"]}[command]
+    param = next(p for p in cmd.params if new in (*p.opts, *p.secondary_opts))
+    value = [] if param.is_flag else ["3"]
+    with cmd.make_context(command, [*required, old, *value]) as ctx:
+        with cmd.make_context(command, [*required, new, *value]) as expected:
+            assert ctx.params[param.name] == expected.params[param.name]
+    assert f"{old}` is deprecated; use {new}" in " ".join(capsys.readouterr().err.split())

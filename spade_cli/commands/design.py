@@ -49,7 +49,7 @@ def design(
     memory: Annotated[Path | None, typer.Option(
         "--memory", help="Environment memory (spade.memory/1 JSONL) summarised in the prompt.",
         dir_okay=False, rich_help_panel=PROMPT)] = None,
-    no_memory: Annotated[bool, typer.Option("--no-memory", help="Ignore --memory (the ablation).",
+    no_memory: Annotated[bool, typer.Option("--no-memory/--use-memory", help="Ignore --memory (the ablation).",
                                                     rich_help_panel=PROMPT)] = False,
     memory_k: Annotated[int, typer.Option("--memory-k", help="Past environments listed in the prompt.",
                                           min=0, rich_help_panel=PROMPT)] = 12,

@@ -110,7 +110,7 @@ def eval_(
                                                     "simulator's temperature.")] = 0.0,
     user_max_tokens: Annotated[int | None, typer.Option("--user-max-tokens", min=1, help="tau2: cap per user "
                                                         "reply (default: the server's).")] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="tau2: messages per conversation.")] = 100,
+    max_steps: Annotated[int, typer.Option("--max-messages", min=1, help="tau2: messages per conversation.")] = 100,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Local copies of the paper's datasets "
                                                   "(aime25.jsonl, aime26.jsonl, gpqa_diamond.csv, lcb_v6.jsonl) "
                                                   "for lm:spade_* tasks, instead of the hub.", exists=True,

@@ -53,7 +53,7 @@ def regret(
         "--embedding", envvar="SPADE_EMBEDDING",
         help="Diversity embedding: auto (minilm if installed), tfidf, minilm or a model dir.")] = "auto",
     audit: Annotated[bool, typer.Option(
-        "--audit/--no-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
+        "--seed-audit/--no-seed-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
         "solving most of them flags it seed_invariant.")] = True,
     audit_seeds: Annotated[int, typer.Option("--audit-seeds", min=1, help="Seeds each audit replays.")] = 4,
     flagged_reward: Annotated[float | None, typer.Option(

@@ -40,7 +40,7 @@ def warmstart(
     example: Annotated[bool, typer.Option("--example/--no-example",
                                           help="Include the worked example in the prompts.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--thinking/--no-thinking")] = False,
-    agent_episodes: Annotated[int, typer.Option("--agent-episodes", min=0,
+    agent_episodes: Annotated[int, typer.Option("--solver-seeds", min=0,
                                                 help="Also warm-start the Agent: seeds per env with a scripted solver.")]
     = 0,
     agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0,
@@ -64,7 +64,7 @@ def warmstart(
     """Fine-tune a model on the example pool so it writes parseable environments (TRL SFTTrainer).
 
     The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
-    --example and --thinking there. --agent-episodes N also imitates the scripted solvers of the
+    --example and --thinking there. --solver-seeds N also imitates the scripted solvers of the
     starter envs (spade_cli/solvers.py), played by the rollout engine on seeds that
     rollout and eval never draw, so the Agent starts with partial success for GRPO to improve.
 
@@ -74,7 +74,7 @@ def warmstart(
     from stages import warmstart as stage
 
     if epochs == 0 and agent_episodes == 0:
-        raise typer.BadParameter("nothing to train: pass --epochs N (Designer) or --agent-episodes N (Agent)",
+        raise typer.BadParameter("nothing to train: pass --epochs N (Designer) or --solver-seeds N (Agent)",
                                  param_hint="--epochs")
     if contract not in CONTRACTS:
         raise typer.BadParameter(f"{contract!r} is not one of {', '.join(CONTRACTS)}", param_hint="--contract")

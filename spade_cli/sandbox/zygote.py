@@ -1,7 +1,8 @@
-"""One fork server: a pre-imported interpreter (optionally inside bubblewrap) that forks and
-confines the env processes of every source the supervisor hands it (``worker.py``, ``envproc.py``).
-``SandboxPool`` (``supervisor.py``) starts one per ``PYTHONHASHSEED``; each ``EnvWorker``
-(``envworker.py``) asks it for its episodes' processes over the control socket.
+"""The supervisor's handle on one fork server (``Zygote``): a pre-imported interpreter, inside
+bubblewrap for the strong tier, that forks and confines the env processes of every source handed to
+it (its own code: ``worker.py``, ``envproc.py``). ``SandboxPool`` (``supervisor.py``) starts one per
+``PYTHONHASHSEED``; each ``EnvWorker`` (``envworker.py``) asks it for its episodes' processes over
+the control socket.
 """
 
 from __future__ import annotations
