@@ -280,7 +280,7 @@ def tokens_problem(tokens: dict | None) -> str | None:
     """Why a row's ``tokens`` object is malformed, or None. Decoded by msgspec (C speed, so a row of
     thousands of ids costs little): a row without ``completion_ids`` must not pass for an episode or
     design that produced no tokens, which a trainer would silently leave out."""
-    if tokens is None:
+    if not tokens:  # null or {}: no tokens at all, e.g. an episode that failed before its first reply
         return None
     missing = [f"'tokens.{k}'" for k in _TokenIds.__struct_fields__ if k not in tokens]
     if missing:

@@ -119,5 +119,5 @@ def test_a_tokens_object_holds_both_id_lists(schema, extra, tokens, message):
 
 
 def test_tokens_may_be_null_or_hold_empty_lists_and_more_keys():
-    for tokens in (None, {"prompt_ids": [1], "completion_ids": [], "env_mask": [], "logprobs": None, "note": "x"}):
+    for tokens in (None, {}, {"prompt_ids": [1], "completion_ids": [], "env_mask": [], "logprobs": None, "note": "x"}):
         assert parse({**EPISODE, "tokens": tokens}).tokens == tokens
