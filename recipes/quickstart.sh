@@ -77,7 +77,7 @@ PROMPT_ARGS="--contract short --no-example --memory-k 2"
 # shellcheck disable=SC2086
 spade warmstart --model "$RUN/model/init" --out "$RUN/model/warm" --pool family --agent-pool starter \
   --epochs "$WARM_EPOCHS" --batch-size 1 --learning-rate 2e-3 $PROMPT_ARGS --no-grounding --seed "$SEED" \
-  --agent-episodes "$AGENT_EPISODES" --agent-noise "$AGENT_NOISE" --agent-max-turns "$MAX_TURNS" \
+  --solver-seeds "$AGENT_EPISODES" --agent-noise "$AGENT_NOISE" --agent-max-turns "$MAX_TURNS" \
   ${WARM_EXAMPLES:+--max-examples "$WARM_EXAMPLES"}
 took "init-model + warmstart"
 

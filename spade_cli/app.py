@@ -10,10 +10,11 @@ import importlib
 
 import typer
 
-from spade_cli.cli import SpadeCommand
+from spade_cli.cli import SpadeCommand, SpadeGroup
 
 app = typer.Typer(
     name="spade",
+    cls=SpadeGroup,
     help="Self-Play in Adaptive Synthetic Executable Environments: design, validate, roll out, "
     "score and update, one stage per command, files in between.",
     no_args_is_help=True,
@@ -22,8 +23,9 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# Registered only once they really work; each module calls `app.command(...)` on import.
-COMMANDS = ["init_model", "inspect", "paths", "eval", "regret", "update", "report", "compare", "validate", "doctor", "rollout", "design", "warmstart", "prune"]
+# The order of `spade --help`: the loop's stages in pipeline order, then the helpers.
+COMMANDS = ["design", "validate", "rollout", "regret", "update", "eval",
+            "prune", "warmstart", "init_model", "doctor", "inspect", "paths", "report", "compare"]
 
 for _name in COMMANDS:
     importlib.import_module(f"spade_cli.commands.{_name}").register(app)

@@ -1,6 +1,6 @@
 """Reading and writing artifacts: strict JSONL, atomic outputs, resumable partials, manifests.
 
-Every stage follows one protocol (DESIGN §2, STYLE §4):
+Every stage follows one protocol (docs/architecture.md, 'Write-once files, manifests and resumption'):
 
 1. ``Stage.begin`` hashes the inputs and compares them and the resolved config with the sidecar
    ``OUT.manifest.json``. A match means the work is done ("up to date"); a mismatch is refused

@@ -6,7 +6,7 @@ a flat mapping into click's ``default_map``, so a flag given on the command line
 the file and the file wins over the defaults in code. Unknown keys in the file are a usage error
 (exit 2) rather than silently ignored.
 
-Exit codes (DESIGN §2): 0 success, 2 usage error (typer/click), 1 anything else.
+Exit codes (docs/architecture.md, 'Command conventions'): 0 success, 2 usage error (typer/click), 1 anything else.
 """
 
 from __future__ import annotations
@@ -17,18 +17,29 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 import typer.rich_utils
 from rich.console import Console
-from typer.core import TyperCommand, TyperOption
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 console = Console(stderr=True, highlight=False)
 
 PANEL_LOOP = "The loop"
 PANEL_HELPERS = "Helpers"
 
+# The commands that load torch (a model, a trainer or the diversity embedding): the ones whose
+# help lists --threads.
+TORCH_COMMANDS = {"design", "rollout", "regret", "update", "eval", "warmstart", "init-model"}
+# Option names retired for one name per concept across commands: {command: {old: new}}. The old
+# names parse for one release with a deprecation note; help shows only the new ones. The option's
+# parameter keeps its name, so manifests and `--config` keys stay what they were.
+RENAMED: dict[str, dict[str, str]] = {
+    "regret": {"--audit": "--seed-audit", "--no-audit": "--no-seed-audit"},  # update's --audit: weights
+    "warmstart": {"--agent-episodes": "--solver-seeds"},  # update's --agent-episodes: which episodes
+    "eval": {"--max-steps": "--max-messages"},  # --max-steps: env steps (validate), optimizer steps (update)
+}
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
 NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads"}
 
@@ -66,11 +77,22 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Run seed; every derived se
 IterationOpt = Annotated[int, typer.Option("--iteration", help="Iteration number recorded in rows.")]
 OutFileOpt = Annotated[Path, typer.Option("--out", help="Output JSONL (written atomically).", dir_okay=False)]
 ModelOpt = Annotated[str, typer.Option("--model", help="Hugging Face checkpoint directory or id.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="Generation backend: hf, vllm or openai.")]
+BackendOpt = Annotated[str, typer.Option("--backend", metavar="hf|vllm|openai", help="Generation backend: hf, vllm, openai (or a custom MODULE:CLASS).")]
 BaseUrlOpt = Annotated[
     str | None, typer.Option("--base-url", help="OpenAI-compatible server for --backend openai.")
 ]
+# Fixed choices as Literal types: help lists them and click refuses any other value (exit 2).
+# tests/test_cli_help.py checks each against the constant of the module that acts on the value.
+Signal = Literal["regret", "ema_lp", "learnability"]  # spade_cli.curriculum.SIGNALS
+Overflow = Literal["close", "end"]  # spade_cli.backends.thinking.OVERFLOW
+Contract = Literal["full", "short"]  # spade_cli.prompts.CONTRACTS
+Tier = Literal["auto", "process", "strong"]  # "auto" or spade_cli.sandbox.config.TIERS
+MinTier = Literal["process", "strong"]  # spade_cli.sandbox.config.TIERS
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+# The widest choice list shown as the metavar (``keep|drop|auto``); see ``_metavar``.
+CHOICES_IN_METAVAR = 14
 
 
 def _metavar(param: Any) -> str:
@@ -79,7 +101,12 @@ def _metavar(param: Any) -> str:
         return ""  # a switch takes no value: `<bool>` only steals width from the help text
     desc = param.type_descriptor
     if desc.is_choice:
-        return "|".join(map(str, desc.choices or ()))
+        joined = "|".join(map(str, desc.choices or ()))
+        if len(joined) <= CHOICES_IN_METAVAR:
+            return joined
+        # Longer lists would widen the type column until option names are cut: the help lists them.
+        param.help = f"{param.help or ''} One of: {', '.join(map(str, desc.choices or ()))}.".strip()
+        return "CHOICE"
     if desc.is_path:
         return {"file": "FILE", "directory": "DIR", "dir": "DIR"}.get(str(desc.path_type), "PATH")
     name = str(desc.annotation)
@@ -101,13 +128,15 @@ class SpadeCommand(TyperCommand):
     each so that rich wraps them to the terminal (a paragraph starting with \\b keeps its lines).
 
     Every command also takes ``--threads`` (spade_cli/threads.py), applied before the command's
-    body runs, hence before it imports torch.
+    body runs, hence before it imports torch. Help shows it only where torch is loaded; elsewhere
+    it stays accepted (scripts, ``SPADE_THREADS``, a shared ``--config``) and changes nothing.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not any(p.name == "threads" for p in self.params):
             self.params.append(_threads_option())
+            self.params[-1].hidden = self.name not in TORCH_COMMANDS
         for param in self.get_params(typer.Context(self)):  # get_params: --help included
             if param.metavar is None:
                 param.metavar = _metavar(param) if isinstance(param, TyperOption) else param.name.upper()
@@ -115,6 +144,21 @@ class SpadeCommand(TyperCommand):
             paras = inspect.cleandoc(self.help).split("\n\n")
             self.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paras)
 
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Old option names (``RENAMED``) still parse, as the new ones, with a note on stderr."""
+        renamed = RENAMED.get(self.name or "", {})
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                out += args[i:]
+                break
+            name, eq, value = arg.partition("=")
+            if name in renamed:
+                console.print(f"[yellow]note:[/] `spade {self.name} {name}` is deprecated; use {renamed[name]}")
+                arg = renamed[name] + eq + value
+            out.append(arg)
+        return super().parse_args(ctx, out)
 
     def invoke(self, ctx: typer.Context) -> Any:
         from spade_cli import threads
@@ -127,6 +171,16 @@ class SpadeCommand(TyperCommand):
                 and not ctx.params.get("base_url")):
             ctx.params["model"] = check_model(ctx.params["model"])
         return super().invoke(ctx)
+
+
+class SpadeGroup(TyperGroup):
+    """The ``spade`` group: its ``--help`` is a switch, shown without a type, as in every command."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            opt.metavar = ""
+        return opt
 
 
 def check_model(value: str) -> str:

@@ -45,9 +45,12 @@ import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spade_cli.episodes import Engine, Episode, EpisodeSpec, Stats
+from spade_cli.episode_state import Episode, EpisodeSpec, Stats
+
+if TYPE_CHECKING:  # the lockstep engine imports this module; it is only a type here
+    from spade_cli.episodes import Engine
 
 
 class _Clock:

@@ -35,7 +35,7 @@ class InputError(SpadeError):
 
 
 class OutputError(SpadeError):
-    """An output path that cannot or must not be written: a usage error, exit 2 (DESIGN §2)."""
+    """An output path that cannot or must not be written: a usage error, exit 2 (docs/architecture.md, 'Command conventions')."""
 
     exit_code = 2
 
@@ -52,7 +52,7 @@ def _same(a: Path, b: Path) -> bool:
 
 def check_output(out: str | Path, inputs: Iterable[str | Path] = (), *, kind: str = "file",
                  flag: str = "--out", writable: bool = True) -> None:
-    """Refuse ``out`` before any work: an input (a stage never overwrites what it reads, DESIGN §3),
+    """Refuse ``out`` before any work: an input (a stage never overwrites what it reads, docs/architecture.md, 'Write-once files, manifests and resumption'),
     a directory where a file goes or the reverse, a device or other non-regular file (renaming over
     /dev/null would replace the device), or a place that cannot be written. Writability is probed
     by creating and removing a dot-file in the nearest existing directory, because ``os.access``

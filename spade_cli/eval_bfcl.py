@@ -38,6 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, write_jsonl
+from spade_cli.eval_stats import mean_stderr
 from spade_cli.records import Eval
 
 MULTI_TURN = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
@@ -201,7 +202,6 @@ def play_entry(backend: Any, sampling: Any, entry: dict, truth: list[list[str]],
 
 def run_bfcl(spec: Any, ctx: Any) -> list[Eval]:
     from spade_cli.backends import sample_seed
-    from spade_cli.evaluators import mean_stderr
 
     side = ctx.side_dir("bfcl", spec)
     side.mkdir(parents=True, exist_ok=True)

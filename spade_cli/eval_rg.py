@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spade_cli.artifacts import SpadeError, write_jsonl
+from spade_cli.eval_stats import mean_stderr
 from spade_cli.records import Eval
 
-if TYPE_CHECKING:  # evaluators imports this module at its end; the types only are needed here
+if TYPE_CHECKING:  # annotations only: evaluators imports this module to dispatch rg: tasks
     from spade_cli.evaluators import EvalContext, TaskSpec
 
 # Room for a thinking model's reasoning before its <answer> (1024 cut most Qwen3 answers off).
@@ -108,7 +109,6 @@ def run_rg(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
 
     from spade_cli.backends import render_chat
     from spade_cli.backends.thinking import unanswered
-    from spade_cli.evaluators import mean_stderr
 
     n = spec.n or ctx.limit or 50
     if ctx.limit:

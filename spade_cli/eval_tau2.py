@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, write_jsonl
+from spade_cli.eval_stats import mean_stderr
 from spade_cli.records import Eval
 
 DOMAINS = ("airline", "retail", "telecom")
@@ -154,7 +155,6 @@ def play_task(backend: Any, sampling: Any, domain: str, task: Any, *, user_model
 
 def run_tau2(spec: Any, ctx: Any) -> list[Eval]:
     from spade_cli.backends import sample_seed
-    from spade_cli.evaluators import mean_stderr
 
     if spec.name not in DOMAINS:
         raise SpadeError(f"{spec.label}: tau2 domains are {', '.join(DOMAINS)}")

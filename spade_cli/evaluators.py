@@ -32,7 +32,6 @@ scores near zero everywhere; the point there is that the real harnesses run end 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,12 +39,21 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import SpadeError, atomic_write_text, write_jsonl
+from spade_cli.eval_rg import (  # noqa: F401  (Reasoning Gym lives there; its names stay importable from here)
+    RG_GROUPS,
+    extract_answer,
+    rg_category,
+    rg_datasets,
+    rg_items,
+    run_rg,
+)
+from spade_cli.eval_stats import finite, mean_stderr  # noqa: F401  (re-exported)
 from spade_cli.records import Eval
 
 KINDS = ("lm", "rg", "envs", "bfcl", "tau2", "evalscope")
 THINKING_KINDS = ("rg", "envs", "bfcl", "tau2")  # the kinds spade generates for, two phases possible
 PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
-# The paper's held-out suite (DESIGN §1) with a sampling setting per benchmark: samples per item
+# The paper's held-out suite (docs/architecture.md, 'The method') with a sampling setting per benchmark: samples per item
 # (the score is pass@1 averaged over them), temperature, max new tokens. The settings are the
 # Qwen3 thinking-mode ones (temperature 0.6, 32k tokens; 16 samples on the 30-problem AIME sets,
 # 4 on GPQA-Diamond and LiveCodeBench); ACEBench ships in no package, so it stays on evalscope.
@@ -211,14 +219,6 @@ class EvalContext:
             self._backend = None
 
 
-def finite(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 # -- lm-eval -----------------------------------------------------------------------------------
 
 PAPER_TASKS = PACKAGED_TASKS / "paper"
@@ -371,26 +371,5 @@ def run_lm(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
         write_jsonl(side / f"samples_{task}.jsonl", [json.loads(json.dumps(s, default=str)) for s in items])
     return lm_rows(spec, ctx, results)
 
-
-def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and standard error of the mean (sample std / sqrt(n)); stderr None below 2 values."""
-    if not values:
-        return None, None
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return m, None
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
-    return m, math.sqrt(var / len(values))
-
-
-# Reasoning Gym lives in spade_cli.eval_rg; its names stay importable from here.
-from spade_cli.eval_rg import (  # noqa: E402
-    RG_GROUPS,
-    extract_answer,
-    rg_category,
-    rg_datasets,
-    rg_items,
-    run_rg,
-)
 
 __all__ = ["RG_GROUPS", "extract_answer", "rg_category", "rg_datasets", "rg_items", "run_rg"]

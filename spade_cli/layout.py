@@ -1,4 +1,4 @@
-"""The run directory, derived in one place (DESIGN §7).
+"""The run directory, derived in one place (docs/architecture.md, 'Run layout').
 
     runs/NAME/
       memory/iter_0007.jsonl            the environment memory as of iteration 7 (written by the
@@ -18,7 +18,7 @@
 
 Recipes call ``spade paths RUN_DIR --iteration I`` to read these names instead of spelling them.
 
-Every artifact is written once (DESIGN §3, STYLE 12): the memory is versioned like the checkpoint,
+Every artifact is written once (docs/architecture.md, 'Write-once files, manifests and resumption'): the memory is versioned like the checkpoint,
 ``memory`` is what iteration i reads and ``next_memory`` what its regret writes. A rerun of any
 stage of any iteration therefore sees exactly the inputs it saw the first time, which is what lets
 a loop killed at any point resume to the artifacts of an uninterrupted run.
@@ -28,6 +28,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
+    if not spec:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {spec!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= I < N")
+    return i, n
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""An exclusive lock per output while it is written (DESIGN §7).
+"""An exclusive lock per output while it is written (docs/architecture.md, 'Write-once files, manifests and resumption').
 
 Two writers of one output (a requeued Slurm job beside its still-running original, a loop started
 twice) would append to one partial file and publish it twice: an interleaved or empty output under

@@ -121,6 +121,8 @@ def load_jsonl(path: Path) -> list[dict]:
             raise InputError(p, line, "a pool design needs both code and hint")
         out.append({"name": rec.env_id, "title": rec.title, "code": rec.code, "hint": rec.hint,
                     "source": f"pool:{p.name}:{line}"})
+    if not out:
+        raise InputError(path, None, "the pool file holds no environment (no spade.design/1 row with code and hint)")
     return out
 
 

@@ -19,7 +19,7 @@ A multi-turn env gets each family as one episode that cycles through the replies
 score); an env that ends after one step gets each reply as an episode of its own, up to a cap.
 A probe that reaches the ``trivial`` threshold is confirmed on a second seed before it counts:
 a seed whose answer happens to be one of the hint's numbers is not a hack, an answer that is the
-same for every seed is. Reasons: ``hint_is_answer`` and ``format_only`` (DESIGN §5).
+same for every seed is. Reasons: ``hint_is_answer`` and ``format_only`` (docs/architecture.md, 'Reason codes').
 
 What this does not catch: a hint that encodes the answer in a way no probe reproduces (a cipher,
 an instruction the agent must follow), a reward keyed to a form the hint does not name, or an

@@ -1,6 +1,6 @@
 """The Designer's prompt, the memory summary in it, and the parser for what comes back.
 
-The prompt is two chat messages. The system message states the environment contract (DESIGN §4)
+The prompt is two chat messages. The system message states the environment contract (docs/architecture.md, 'The environment contract')
 and the output format. The user message carries one worked example (an environment from the
 bundled pool with its hint), the grounding document (or, for the ``--no-grounding`` ablation, an
 invitation to pick any domain), the memory summary (or nothing, for ``--no-memory``), and the

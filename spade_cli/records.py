@@ -1,4 +1,4 @@
-"""The records spade writes, one frozen dataclass per schema (DESIGN §3).
+"""The records spade writes, one frozen dataclass per schema (docs/architecture.md, 'Records').
 
 Every JSONL row carries ``"schema": "spade.<kind>/<int>"``. ``parse(row)`` turns a dict into the
 record for its kind after upgrading old versions with the numbered functions in ``UPGRADES``; a
@@ -40,6 +40,22 @@ def env_id_for(code: str | None, hint: str | None) -> str:
     norm = "\n".join(line.rstrip() for line in (code or "").strip().splitlines())
     payload = norm + "\x00" + " ".join((hint or "").split())
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# Marks the env_id of a design that did not parse: it names a failed sample, not an environment.
+FAILED_PREFIX = "unparsed-"
+
+
+def failed_design_id(group_id: str | None, sample: int, completion: str | None) -> str:
+    """The env_id of a design that failed to parse: ``unparsed-`` + 12 hex of (group, sample, text).
+
+    The content id of a design hashes its code and hint; a parse failure has neither, so every
+    failure would share the id of empty content and look like one environment. The slot and the
+    completion make the id distinct and deterministic (a rerun writes the same one), and the prefix
+    says it is no environment: no stage plays, scores or remembers it as one.
+    """
+    key = f"{group_id}|{sample}|{completion or ''}"
+    return FAILED_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -235,7 +251,7 @@ def field_message(msg: str, known: dict[str, Any]) -> str:
     return f"field {key!r} must be {want}, got {got}"
 
 
-# The env contract bounds an episode's return to [0, 1] (DESIGN §4), with the 1e-6 slack for float
+# The env contract bounds an episode's return to [0, 1] (docs/architecture.md, 'The environment contract'), with the 1e-6 slack for float
 # sums that validation and the episode engine allow. An episode that ended in an env error records
 # rollout's --error-return instead, which rollout bounds to ERROR_RETURN_RANGE.
 RETURN_SLACK = 1e-6
@@ -253,9 +269,40 @@ def return_problem(ret: float, error: str | None) -> str | None:
     return f"field 'return' must lie in [0, 1] (the env contract), got {ret!r}"
 
 
+class _TokenIds(msgspec.Struct):
+    """The two arrays every ``tokens`` object holds; its other keys are checked where they are used."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+def tokens_problem(tokens: dict | None) -> str | None:
+    """Why a row's ``tokens`` object is malformed, or None. Decoded by msgspec (C speed, so a row of
+    thousands of ids costs little): a row without ``completion_ids`` must not pass for an episode or
+    design that produced no tokens, which a trainer would silently leave out."""
+    if not tokens:  # null or {}: no tokens at all, e.g. an episode that failed before its first reply
+        return None
+    missing = [f"'tokens.{k}'" for k in _TokenIds.__struct_fields__ if k not in tokens]
+    if missing:
+        return (f"field {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: a tokens "
+                "object holds prompt_ids and completion_ids (lists of token ids)")
+    try:
+        msgspec.convert(tokens, _TokenIds)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = _MSGSPEC_ERROR.fullmatch(msg)
+        if m:
+            name = m["path"].split(".")[0].split("[")[0]
+            return f"field 'tokens.{name}' must be a list of integers, got {reprlib.repr(tokens.get(name))}"
+        return f"field 'tokens': {msg}"
+    return None
+
+
 def _out_of_bounds(rec: Record) -> str | None:
     if isinstance(rec, Rollout):
-        return return_problem(rec.return_, rec.error)
+        return return_problem(rec.return_, rec.error) or tokens_problem(rec.tokens)
+    if isinstance(rec, Design):
+        return tokens_problem(rec.tokens)
     return None
 
 

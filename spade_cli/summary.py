@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import read_rows
-from spade_cli.records import Design, Eval, Memory, Record, Rollout, Score, Validation, to_row
+from spade_cli.records import FAILED_PREFIX, Design, Eval, Memory, Record, Rollout, Score, Validation, to_row
 
 TOP = 10  # rows of a "most/top" list in the summary
 
@@ -267,8 +267,6 @@ def _count_tokens(tokens: dict, role: dict) -> None:
 
 def summarize(paths: Iterable[str | Path], where: list[tuple[str, str]] = ()) -> dict:
     """The summary of every row in ``paths`` that matches ``where`` (keys: see the README)."""
-    from stages.design import FAILED_PREFIX
-
     schemas: Counter[str] = Counter()
     parts: dict[str, Any] = {}
     kinds = ((Validation, "validation", Validations), (Design, "designs", Designs),

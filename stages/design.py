@@ -1,7 +1,7 @@
 """`spade design`: the Designer writes environments, or a fixed pool stands in for it.
 
 Inputs: a model (any backend), a corpus for grounding, the environment memory. Output: one
-``spade.design/1`` row per sampled design (DESIGN §3), ``n`` rows in ``n / group`` groups; the
+``spade.design/1`` row per sampled design (docs/architecture.md, 'Records'), ``n`` rows in ``n / group`` groups; the
 ``group`` samples of one group share a prompt and a ``group_id`` and form one GRPO group when the
 Designer is updated.
 
@@ -49,7 +49,7 @@ from spade_cli.artifacts import (
     read_records,
 )
 from spade_cli.backends.thinking import Thinking, generate_thinking, unanswered
-from spade_cli.records import Design
+from spade_cli.records import FAILED_PREFIX, Design, failed_design_id  # noqa: F401  (FAILED_PREFIX: re-exported)
 
 # The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
 EXAMPLE_ENV = "ledger_reconcile"
@@ -90,20 +90,6 @@ def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | No
     return plan
 
 
-# Marks the env_id of a design that did not parse: it names a failed sample, not an environment.
-FAILED_PREFIX = "unparsed-"
-
-
-def failed_design_id(group_id: str | None, sample: int, completion: str | None) -> str:
-    """The env_id of a design that failed to parse: ``unparsed-`` + 12 hex of (group, sample, text).
-
-    The content id of a design hashes its code and hint; a parse failure has neither, so every
-    failure would share the id of empty content and look like one environment. The slot and the
-    completion make the id distinct and deterministic (a rerun writes the same one), and the prefix
-    says it is no environment: no stage plays, scores or remembers it as one.
-    """
-    key = f"{group_id}|{sample}|{completion or ''}"
-    return FAILED_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def _unclosed(text: str) -> bool:

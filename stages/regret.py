@@ -7,7 +7,7 @@ several, or a glob of shards) and optionally ``--memory``, the memory as of this
   Designer's GRPO groups stay complete. Invalid designs (parse failures included) get
   ``invalid_reward``. A valid env whose rollouts cannot define the signal (none at all, or one side
   missing) gets 0.0, the neutral reward, and ``note`` says why; the run warns about it.
-- ``--memory-out``: the memory after this iteration, a new file (DESIGN §3). Every valid env of
+- ``--memory-out``: the memory after this iteration, a new file (docs/architecture.md, 'Write-once files, manifests and resumption'). Every valid env of
   this iteration with rollouts, and every replayed env found in the rollouts, gets its history
   entry for this iteration; an entry for this iteration already in the input is replaced, not
   doubled. Memory rows also store the env's ``code`` (an extra field) so that replay can hand it to

@@ -3,7 +3,7 @@
 Input: ``spade.validation/1`` rows (one or more files or globs: this iteration's validated
 designs plus, for instance, a replay file of earlier environments). Only ``valid`` rows are
 played; an env that appears twice (same ``env_id``) is played once. Output: one
-``spade.rollout/1`` row per episode (DESIGN §3), written as episodes finish.
+``spade.rollout/1`` row per episode (docs/architecture.md, 'Records'), written as episodes finish.
 
 Common random numbers: the k pairs of an env use k env seeds derived from (run seed, iteration,
 env_id, pair), and the hinted and the unhinted episode of a pair share the seed, so the
@@ -46,20 +46,8 @@ from spade_cli.episodes import (
     seed_key,
     seed_material,
 )
+from spade_cli.layout import parse_shard
 from spade_cli.records import ERROR_RETURN_RANGE, Validation
-
-
-def parse_shard(spec: str | None) -> tuple[int, int]:
-    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1)."""
-    if not spec:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in str(spec).split("/"))
-    except ValueError:
-        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {spec!r}") from None
-    if not 0 <= i < n:
-        raise ValueError(f"--shard {spec}: need 0 <= I < N")
-    return i, n
 
 
 def in_shard(env_id: str, shard: tuple[int, int]) -> bool:

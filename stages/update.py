@@ -12,7 +12,7 @@ Samples and groups:
   own groups, because the hint shifts every return and a shared baseline would reward "having
   the hint" instead of the actions. Environment tokens (``env_mask`` 0) are scored by nobody.
   Episodes with an ``error`` are left out: every reason code is an environment or sandbox failure
-  (DESIGN §5), and punishing the actions that happened to hit a bug teaches nothing.
+  (docs/architecture.md, 'Reason codes'), and punishing the actions that happened to hit a bug teaches nothing.
   With ``agent_credit`` ``turn`` each reply is credited with its own discounted reward-to-go
   instead (``stages.update_samples``).
 - Designer: one sample per design with tokens, grouped by ``group_id`` (designs sampled from

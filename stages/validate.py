@@ -2,7 +2,7 @@
 
 Input: ``spade.design/1`` rows (the minimal form ``{"schema", "code", "hint"}`` is enough).
 Output: exactly one ``spade.validation/1`` row per input row, in input order, carrying every
-design field plus ``valid``, ``reason`` (a DESIGN §5 code or null), ``checks`` (each
+design field plus ``valid``, ``reason`` (null or a code of docs/architecture.md, 'Reason codes'), ``checks`` (each
 ``{name, ok, detail, ms}`` in the order run; the first failure is the reason) and ``stats``.
 
 The checks, in order:

@@ -1,6 +1,6 @@
 """Bad input as a careless user or a broken upstream tool hands it to each stage, through the real CLI.
 
-Every case asserts what DESIGN §2 promises: the exit status (2 for an output path that cannot or
+Every case asserts what docs/architecture.md, 'Command conventions', promises: the exit status (2 for an output path that cannot or
 must not be written, 1 for a bad input row), a one-line message naming the file (and line and
 field for a bad row), no traceback, and nothing under the final output name — an output that is
 also an input is left byte for byte as it was. No case needs a model: every refusal happens before
@@ -177,16 +177,28 @@ def _bad_rows(d: Path) -> list[tuple[str, dict, str]]:
          "field 'hinted' must be true or false, got 'no'"),
         ("update", {"rollouts": [ep, {**ep, "error": "crashed", "return": -0.5}]},
          rf"episode '{ep['episode_id']}' is also at .*rollouts-bad.jsonl:1 with other values"),
+        # a tokens object without completion_ids is no "episode without tokens" to leave out
+        ("update", {"rollouts": [ep, {**ep, "episode_id": "x", "tokens": {"prompt_ids": "x"}}]},
+         "field 'tokens.completion_ids' is missing"),
+        ("update", {"rollouts": [ep, {**ep, "episode_id": "x", "tokens": {"prompt_ids": "x", "completion_ids": [1]}}]},
+         "field 'tokens.prompt_ids' must be a list of integers, got 'x'"),
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(12))
 def test_a_bad_row_names_file_line_and_field(d: Path, case: int) -> None:
     stage, broken, message = _bad_rows(d)[case]
     (role, rows), = broken.items()
     path = _jsonl(d / f"{role}-bad.jsonl", rows)
     out = d / ("ckpt" if stage == "update" else "out.jsonl")
     _refused(run_spade(*_argv(stage, d, out, **{role: path})), 1, rf"{re.escape(str(path))}:2: {message}", out)
+
+
+def test_an_empty_pool_file_is_named(d: Path) -> None:
+    empty = _jsonl(d / "empty.jsonl", [])
+    out = d / "out.jsonl"
+    _refused(run_spade(*_argv("design", d, out, pool=empty)), 1,
+             rf"{re.escape(str(empty))}: the pool file holds no environment", out)
 
 
 @pytest.mark.parametrize("stage, role", [("validate", "designs"), ("regret", "rollouts"), ("update", "rollouts")])

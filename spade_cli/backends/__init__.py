@@ -1,4 +1,4 @@
-"""Generation backends behind one small interface over token ids (DESIGN §6).
+"""Generation backends behind one small interface over token ids (docs/architecture.md, 'Backends').
 
 Chat templates are applied on spade's side (``render_chat``), so hf, vllm and openai see the
 same prompt ids and multi-turn environment tokens can be spliced in and masked exactly.

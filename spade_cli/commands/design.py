@@ -12,10 +12,13 @@ from spade_cli.cli import (
     BackendOpt,
     BaseUrlOpt,
     ConfigOpt,
+    Contract,
     ForceOpt,
     IterationOpt,
     OutFileOpt,
+    Overflow,
     SeedOpt,
+    Signal,
     command,
     console,
     finish,
@@ -46,12 +49,12 @@ def design(
     memory: Annotated[Path | None, typer.Option(
         "--memory", help="Environment memory (spade.memory/1 JSONL) summarised in the prompt.",
         dir_okay=False, rich_help_panel=PROMPT)] = None,
-    no_memory: Annotated[bool, typer.Option("--no-memory", help="Ignore --memory (the ablation).",
+    no_memory: Annotated[bool, typer.Option("--no-memory/--use-memory", help="Ignore --memory (the ablation).",
                                                     rich_help_panel=PROMPT)] = False,
     memory_k: Annotated[int, typer.Option("--memory-k", help="Past environments listed in the prompt.",
                                           min=0, rich_help_panel=PROMPT)] = 12,
-    signal: Annotated[str, typer.Option(
-        "--signal", help="What the prompt says is rewarded: regret, ema_lp or learnability.",
+    signal: Annotated[Signal, typer.Option(
+        "--signal", help="What the prompt says is rewarded.",
         rich_help_panel=PROMPT)] = "regret",
     iteration: IterationOpt = 0,
     seed: SeedOpt = 0,
@@ -79,17 +82,17 @@ def design(
     answer_tokens: Annotated[int | None, typer.Option(
         "--answer-tokens", min=1, help="Answer budget with --think-tokens (default: --max-tokens).",
         rich_help_panel=THINK)] = None,
-    think_overflow: Annotated[str, typer.Option(
+    think_overflow: Annotated[Overflow, typer.Option(
         "--think-overflow", help="Reasoning out of budget: close (spade appends </think>, masked in "
         "the update) or end (an invalid design, parse_error think_overflow).", rich_help_panel=THINK)]
     = "close",
     pool: Annotated[str | None, typer.Option(
-        "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', 'starter', a "
-        "designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
+        "--pool", help="Fixed pool instead of a model: a folder of NAME.py + NAME.hint, 'bundled', 'starter', 'family' "
+        "(generated short envs), a designs JSONL, or rg:TASK,TASK (reasoning-gym).")] = None,
     example: Annotated[bool, typer.Option(
         "--example/--no-example", help="Show a worked example from the bundled pool in the prompt "
         "(off: a compact prompt, e.g. for a small warm-started model).", rich_help_panel=PROMPT)] = True,
-    contract: Annotated[str, typer.Option(
+    contract: Annotated[Contract, typer.Option(
         "--contract", help="The system message: the environment contract in full, or short (a few "
         "lines, for a small warm-started model; use the same in `spade warmstart`).",
         rich_help_panel=PROMPT)] = "full",
@@ -109,7 +112,7 @@ def design(
     Thinking models: --think-tokens and --answer-tokens give reasoning and answer budgets of
     their own (two phases on every backend); the row's gen records the budgets and counts.
 
-    Example: [bold]spade design --model ckpt/tiny --n 24 --group 4 --memory runs/demo/memory.jsonl --out designs.jsonl[/]
+    Example: [bold]spade design --model ckpt/tiny --n 24 --group 4 --memory runs/demo/memory/iter_0003.jsonl --iteration 3 --out designs.jsonl[/]
 
     Pool baseline: [bold]spade design --pool bundled --n 12 --out designs.jsonl[/]
     """

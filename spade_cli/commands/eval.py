@@ -13,6 +13,7 @@ from spade_cli.cli import (
     BaseUrlOpt,
     ConfigOpt,
     ForceOpt,
+    Overflow,
     SeedOpt,
     command,
     console,
@@ -92,7 +93,7 @@ def eval_(
     answer_tokens: Annotated[int | None, typer.Option(
         "--answer-tokens", min=1, help="Answer budget with --think-tokens (default: --max-tokens, "
         "else the task's cap).", rich_help_panel=GEN)] = None,
-    think_overflow: Annotated[str, typer.Option(
+    think_overflow: Annotated[Overflow, typer.Option(
         "--think-overflow", help="Reasoning out of budget: close (spade appends </think>) or end "
         "(no answer: scored wrong).", rich_help_panel=GEN)] = "close",
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Apply the "
@@ -109,7 +110,7 @@ def eval_(
                                                     "simulator's temperature.")] = 0.0,
     user_max_tokens: Annotated[int | None, typer.Option("--user-max-tokens", min=1, help="tau2: cap per user "
                                                         "reply (default: the server's).")] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="tau2: messages per conversation.")] = 100,
+    max_steps: Annotated[int, typer.Option("--max-messages", min=1, help="tau2: messages per conversation.")] = 100,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Local copies of the paper's datasets "
                                                   "(aime25.jsonl, aime26.jsonl, gpqa_diamond.csv, lcb_v6.jsonl) "
                                                   "for lm:spade_* tasks, instead of the hub.", exists=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -14,13 +14,13 @@ from spade_cli.cli import PANEL_HELPERS, ConfigOpt, command, console, finish
 
 def init_model(
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to create.", file_okay=False)],
-    size: Annotated[str, typer.Option("--size", help="tiny (~0.4M params, tests) or small (~13M, quickstart).")]
+    size: Annotated[Literal["tiny", "small"], typer.Option("--size", help="tiny (~0.4M params, tests) or small (~13M, quickstart).")]
     = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random initialisation.")] = 0,
     from_gguf: Annotated[Path | None, typer.Option(
         "--from-gguf", help="Convert this GGUF file instead (needs spade[gguf]); --size is ignored.",
         exists=True, dir_okay=False)] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="--from-gguf: float32 (exact), bfloat16 or float16.")]
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"], typer.Option("--dtype", help="--from-gguf: float32 is exact.")]
     = "float32",
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if OUT already holds this model.")]
     = False,

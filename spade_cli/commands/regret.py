@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, OutFileOpt, command, console, finish
+from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, OutFileOpt, Signal, command, console, finish
 
 PANEL_SIGNAL = "Signal"
 PANEL_REPLAY = "Memory and replay"
@@ -24,8 +24,8 @@ def regret(
     memory_out: Annotated[Path | None, typer.Option(
         "--memory-out", dir_okay=False, rich_help_panel=PANEL_REPLAY,
         help="Where to write the memory after this iteration: a new file, never --memory.")] = None,
-    signal: Annotated[str, typer.Option(
-        "--signal", rich_help_panel=PANEL_SIGNAL, help="Designer reward: regret, ema_lp or learnability.")]
+    signal: Annotated[Signal, typer.Option(
+        "--signal", rich_help_panel=PANEL_SIGNAL, help="Designer reward.")]
     = "regret",
     clip_negative: Annotated[bool, typer.Option(
         "--clip-negative", rich_help_panel=PANEL_SIGNAL, help="Clip a negative regret reward to 0.")] = False,
@@ -57,7 +57,7 @@ def regret(
         "--embedding", envvar="SPADE_EMBEDDING",
         help="Diversity embedding: auto (minilm if installed), tfidf, minilm or a model dir.")] = "auto",
     audit: Annotated[bool, typer.Option(
-        "--audit/--no-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
+        "--seed-audit/--no-seed-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
         "solving most of them flags it seed_invariant.")] = True,
     audit_seeds: Annotated[int, typer.Option("--audit-seeds", min=1, help="Seeds each audit replays.")] = 4,
     flagged_reward: Annotated[float | None, typer.Option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -15,9 +15,12 @@ from spade_cli.cli import (
     ConfigOpt,
     ForceOpt,
     IterationOpt,
+    MinTier,
     ModelOpt,
     OutFileOpt,
+    Overflow,
     SeedOpt,
+    Tier,
     command,
     console,
     finish,
@@ -100,22 +103,22 @@ def rollout(
     answer_tokens: Annotated[int | None, typer.Option(
         "--answer-tokens", min=1, help="Answer budget with --think-tokens [default: --max-new-tokens].",
         rich_help_panel=GEN)] = None,
-    think_overflow: Annotated[str, typer.Option(
+    think_overflow: Annotated[Overflow, typer.Option(
         "--think-overflow", help="Reasoning out of budget: close (spade appends </think>, masked) "
         "or end (empty action, recorded).", rich_help_panel=GEN)] = "close",
-    think_context: Annotated[str, typer.Option(
+    think_context: Annotated[Literal["keep", "drop", "auto"], typer.Option(
         "--think-context", help="Earlier reasoning in the context: keep, drop, or auto (as the "
         "chat template does).", rich_help_panel=GEN)] = "auto",
     max_concurrent: Annotated[int, typer.Option(
         "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "
         "model.generate); with continuous batching, the requests in flight.", rich_help_panel=GEN)] = 256,
-    batching: Annotated[str, typer.Option(
-        "--batching", help="auto, lockstep (one batched generate call per turn) or continuous (each "
+    batching: Annotated[Literal["auto", "lockstep", "continuous"], typer.Option(
+        "--batching", help="lockstep (one batched generate call per turn) or continuous (each "
         "episode advances on its own); auto: continuous for openai.", rich_help_panel=GEN)] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="hf backend weights dtype.", rich_help_panel=GEN)]
     = "float32",
-    tier: Annotated[str, typer.Option("--tier", help="Sandbox tier: auto, process or strong.")] = "auto",
-    min_tier: Annotated[str, typer.Option("--min-tier", help="Fail closed below this tier (process or strong).")]
+    tier: Annotated[Tier, typer.Option("--tier", help="Sandbox tier (auto: strong when bubblewrap works).")] = "auto",
+    min_tier: Annotated[MinTier, typer.Option("--min-tier", help="Fail closed below this tier.")]
     = "process",
     env_threads: Annotated[int, typer.Option("--env-threads", min=1, help="Threads stepping sandbox workers.")]
     = 8,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -31,30 +31,30 @@ def update(
     rollouts: Annotated[list[str] | None, typer.Option("--rollouts", help="rollouts.jsonl or shards; repeat, "
                                                 "comma-separate or glob.")] = None,
     scores: Annotated[list[str] | None, typer.Option("--scores", help="scores.jsonl (designer_reward per env).")] = None,
-    agent_episodes: Annotated[str, _opt("--agent-episodes", "Agent samples: unhinted, hinted or both.")]
+    agent_episodes: Annotated[Literal["unhinted", "hinted", "both"], _opt("--agent-episodes", "Agent samples.")]
     = "unhinted",
-    agent_credit: Annotated[str, _opt("--agent-credit", "episode (every reply gets the episode's "
+    agent_credit: Annotated[Literal["episode", "turn"], _opt("--agent-credit", "episode (every reply gets the episode's "
                                       "advantage) or turn (each reply its reward-to-go).", _CREDIT)]
     = "episode",
     turn_gamma: Annotated[float, _opt("--turn-gamma", "Discount of the reward-to-go with --agent-credit "
                                       "turn (0: a reply's own reward only).", _CREDIT, min=0.0, max=1.0)] = 1.0,
-    loss_type: Annotated[str, _opt("--loss-type", "grpo, bnpo, dr_grpo or dapo (TRL's definitions).")] = "dapo",
-    scale_rewards: Annotated[str, _opt("--scale-rewards", "Advantage scaling: group, batch or none.")] = "group",
+    loss_type: Annotated[Literal["grpo", "bnpo", "dr_grpo", "dapo"], _opt("--loss-type", "TRL's loss definitions.")] = "dapo",
+    scale_rewards: Annotated[Literal["group", "batch", "none"], _opt("--scale-rewards", "Advantage scaling.")] = "group",
     epsilon: Annotated[float, _opt("--epsilon", "PPO clip, lower side (and upper without --epsilon-high).")]
     = 0.2,
     epsilon_high: Annotated[float | None, _opt("--epsilon-high", "PPO clip, upper side (DAPO: 0.28).")] = None,
     delta: Annotated[float | None, _opt("--delta", "Two-sided clipping: cap on the ratio.")] = None,
-    importance_sampling_level: Annotated[str, _opt("--importance-sampling-level", "token or sequence (GSPO).")]
+    importance_sampling_level: Annotated[Literal["token", "sequence"], _opt("--importance-sampling-level", "sequence: GSPO.")]
     = "token",
     importance_sampling: Annotated[bool, _opt(
         "--tis/--no-tis",
         "Correct for the sampler with its stored log-probs (TIS).", _SAMPLER)] = True,
-    tis_mode: Annotated[str, _opt("--tis-mode", "token_truncate, token_mask, sequence_truncate or "
-                                  "sequence_mask (TRL's names).", _SAMPLER)] = "token_truncate",
+    tis_mode: Annotated[Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"], _opt(
+        "--tis-mode", "TRL's names.", _SAMPLER)] = "token_truncate",
     tis_cap: Annotated[float | None, _opt("--tis-cap", "Upper cap of the correction weight.", _SAMPLER)] = 3.0,
     tis_min: Annotated[float | None, _opt("--tis-min", "Lower cap (default: none).", _SAMPLER)] = None,
     beta: Annotated[float, _opt("--beta", "KL coefficient (k3 estimator).")] = 0.0,
-    kl_reference: Annotated[str, _opt("--kl-reference", "KL to: base (the run's first model) or previous.")]
+    kl_reference: Annotated[Literal["base", "previous"], _opt("--kl-reference", "KL to: base (the run's first model) or previous.")]
     = "base",
     temperature: Annotated[float, _opt("--temperature", "Sampling temperature of rows that record none.")]
     = 1.0,
@@ -68,8 +68,8 @@ def update(
     max_completion_length: Annotated[int | None, _opt(
         "--max-completion-length", "dr_grpo's normaliser (default: the longest completion).")] = None,
     learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate.", _OPT)] = 1e-6,
-    lr_scheduler_type: Annotated[str, _opt("--lr-scheduler-type", "constant, constant_with_warmup, linear, "
-                                           "cosine (over the whole run).", _OPT)] = "constant",
+    lr_scheduler_type: Annotated[Literal["constant", "constant_with_warmup", "linear", "cosine"], _opt(
+        "--lr-scheduler-type", "Over the whole run.", _OPT)] = "constant",
     warmup_steps: Annotated[int, _opt("--warmup-steps", "Warm-up optimizer steps.", _OPT, min=0)] = 0,
     max_steps: Annotated[int | None, _opt("--max-steps", "The run's total optimizer steps (linear, "
                                           "cosine).", _OPT, min=1)] = None,

@@ -8,11 +8,21 @@ from typing import Annotated
 
 import typer
 
-from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, OutFileOpt, SeedOpt, command, console, finish
+from spade_cli.cli import (
+    PANEL_LOOP,
+    ConfigOpt,
+    ForceOpt,
+    MinTier,
+    OutFileOpt,
+    SeedOpt,
+    Tier,
+    command,
+    console,
+    finish,
+)
 
-TierOpt = Annotated[str, typer.Option("--tier", help="Sandbox tier: auto (strong when bubblewrap works), "
-                                      "process or strong.")]
-MinTierOpt = Annotated[str, typer.Option("--min-tier", help="Refuse to run below this tier (fail closed).")]
+TierOpt = Annotated[Tier, typer.Option("--tier", help="Sandbox tier (auto: strong when bubblewrap works).")]
+MinTierOpt = Annotated[MinTier, typer.Option("--min-tier", help="Refuse to run below this tier (fail closed).")]
 ScratchOpt = Annotated[int, typer.Option("--scratch-mb", min=1, help="Total size of each env's working "
                                          "dir (MiB); past it: disk_limit. Keep validate's and rollout's equal.")]
 

@@ -10,6 +10,7 @@ import typer
 from spade_cli.cli import (
     PANEL_HELPERS,
     ConfigOpt,
+    Contract,
     ForceOpt,
     SeedOpt,
     command,
@@ -23,7 +24,7 @@ def warmstart(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Checkpoint to fine-tune (e.g. from init-model).")],
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.", file_okay=False)],
-    pool: Annotated[str, typer.Option("--pool", help="'bundled', 'starter' (short envs) or a folder of NAME.py + NAME.hint.")]
+    pool: Annotated[str, typer.Option("--pool", help="'bundled', 'starter' (short envs), 'family' (generated Designer targets), a folder of NAME.py + NAME.hint or a designs JSONL.")]
     = "bundled",
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the pool (fresh documents each); 0: "
                                         "the Agent's solver episodes only.", min=0)]
@@ -39,7 +40,7 @@ def warmstart(
     example: Annotated[bool, typer.Option("--example/--no-example",
                                           help="Include the worked example in the prompts.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--thinking/--no-thinking")] = False,
-    agent_episodes: Annotated[int, typer.Option("--agent-episodes", min=0,
+    agent_episodes: Annotated[int, typer.Option("--solver-seeds", min=0,
                                                 help="Also warm-start the Agent: seeds per env with a scripted solver.")]
     = 0,
     agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0,
@@ -50,8 +51,8 @@ def warmstart(
     = 16,
     agent_thinking: Annotated[bool, typer.Option("--agent-think/--no-agent-think",
                                                  help="Agent prompts as rollout --thinking renders them.")] = True,
-    contract: Annotated[str, typer.Option("--contract", help="The Designer prompts' system message: "
-                                          "full or short (as `spade design --contract`).")] = "full",
+    contract: Annotated[Contract, typer.Option("--contract", help="The Designer prompts' system message "
+                                          "(as `spade design --contract`).")] = "full",
     agent_pool: Annotated[str | None, typer.Option("--agent-pool", help="Where the solver episodes' envs "
                                                    "come from (default: --pool).")] = None,
     memory_k: Annotated[int, typer.Option("--memory-k", min=0, help="Past environments the practice "
@@ -63,7 +64,7 @@ def warmstart(
     """Fine-tune a model on the example pool so it writes parseable environments (TRL SFTTrainer).
 
     The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
-    --example and --thinking there. --agent-episodes N also imitates the scripted solvers of the
+    --example and --thinking there. --solver-seeds N also imitates the scripted solvers of the
     starter envs (spade_cli/solvers.py), played by the rollout engine on seeds that
     rollout and eval never draw, so the Agent starts with partial success for GRPO to improve.
 
@@ -73,7 +74,7 @@ def warmstart(
     from stages import warmstart as stage
 
     if epochs == 0 and agent_episodes == 0:
-        raise typer.BadParameter("nothing to train: pass --epochs N (Designer) or --agent-episodes N (Agent)",
+        raise typer.BadParameter("nothing to train: pass --epochs N (Designer) or --solver-seeds N (Agent)",
                                  param_hint="--epochs")
     if contract not in CONTRACTS:
         raise typer.BadParameter(f"{contract!r} is not one of {', '.join(CONTRACTS)}", param_hint="--contract")

@@ -1,4 +1,4 @@
-"""The sandbox that runs generated environments (DESIGN §5): one confined OS process per episode.
+"""The sandbox that runs generated environments (docs/architecture.md, 'Sandbox'): one confined OS process per episode.
 
 Public API (used by ``spade validate`` and ``spade rollout``)::
 
@@ -10,7 +10,8 @@ Public API (used by ``spade validate`` and ``spade rollout``)::
         obs, r, term, trunc, info = env.step("ep-0", "my move")
         env.close_episode("ep-0")
 
-Modules: ``supervisor`` (pool, zygotes, config), ``envworker`` (one source's episode processes,
+Modules: ``config`` (settings, reason codes, errors), ``supervisor`` (the pool, the tier),
+``zygote`` (the handle on a fork server), ``envworker`` (one source's episode processes,
 deadlines, untrusted replies), ``worker`` (the zygote), ``envproc`` (the env process),
 ``confine`` (rlimits, uid, scratch tmpfs, seccomp, Landlock), ``protocol`` (typed msgpack frames),
 ``checks`` (every value check, shared by the env process, the supervisor, validate and rollout),

@@ -4,7 +4,7 @@ The env process checks what its env returns before it leaves the process (``chec
 ``check_reward``, ``check_flag``, ``check_info``); the supervisor checks the decoded frame again
 with the same functions, because the env's code runs in that process and can forge any frame;
 ``spade validate`` and ``spade rollout`` judge episodes with ``hint_leaks`` and
-``return_in_range``. DESIGN §5 promises that every check of validation is enforced again during
+``return_in_range``. The contract (docs/architecture.md, 'Sandbox') promises that every check of validation is enforced again during
 rollout: sharing the implementation is how that stays true.
 
     check_reward(numpy.float32(0.5))     # 0.5, a plain float
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 
-# An episode's return lies in [0, 1] (DESIGN §4); sums of float rewards get this much slack.
+# An episode's return lies in [0, 1] (docs/architecture.md, 'The environment contract'); sums of float rewards get this much slack.
 RETURN_SLACK = 1e-6
 # Shorter hints ("no", "up") occur in ordinary text by chance: they are not tested for leaks.
 MIN_LEAK_CHARS = 4

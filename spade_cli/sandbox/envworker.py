@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 from spade_cli.sandbox import protocol
 from spade_cli.sandbox.checks import Rejected, check_info, check_obs, check_reward
+from spade_cli.sandbox.config import EnvError, SandboxConfig, SandboxUnavailable
 from spade_cli.sandbox.envproc import precompiled
-from spade_cli.sandbox.supervisor import EnvError, SandboxConfig, SandboxUnavailable, Zygote
+from spade_cli.sandbox.zygote import Zygote
 
 ENV_REASONS = frozenset(
     "syntax_error import_error no_env_class memory_limit disk_limit reset_exception reset_bad_return "

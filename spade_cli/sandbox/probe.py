@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from spade_cli.sandbox import confine
+from spade_cli.sandbox.config import SandboxUnavailable
 
 _TIER_RANK = {"process": 0, "strong": 1}
 
@@ -212,8 +213,6 @@ def probe_backends() -> dict:
 
 def choose_tier(tier: str = "auto", min_tier: str = "process") -> tuple[str, str | None, list[str]]:
     """(tier, bwrap path, warnings); raises SandboxUnavailable below ``min_tier``."""
-    from spade_cli.sandbox.supervisor import SandboxUnavailable
-
     if tier not in ("auto", *_TIER_RANK) or min_tier not in _TIER_RANK:
         raise ValueError(f"unknown tier {tier!r} / min_tier {min_tier!r}")
     if sys.platform != "linux":
@@ -247,8 +246,6 @@ def choose_tier(tier: str = "auto", min_tier: str = "process") -> tuple[str, str
 
 def probe_all() -> dict:
     """Everything ``spade doctor`` shows, plus the tier a default pool would use."""
-    from spade_cli.sandbox.supervisor import SandboxUnavailable
-
     report = {"identity": probe_identity(), "bubblewrap": probe_bwrap(), "user_namespaces": probe_userns(),
               "landlock": probe_landlock(), "seccomp": probe_seccomp(), "cgroups": probe_cgroups(),
               "gpus": probe_gpus(), "backends": probe_backends()}

@@ -20,73 +20,26 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from spade_cli.sandbox import protocol
-
-REASONS = frozenset(
-    "no_code syntax_error no_env_class too_large import_error import_timeout reset_exception "
-    "reset_bad_return step_exception step_bad_return step_timeout obs_not_str obs_too_large "
-    "reward_not_finite reward_not_real flags_not_bool info_not_json memory_limit output_flood crashed "
-    "exited_early nondeterministic return_out_of_range hint_leak no_hint trivial duplicate "
-    "sandbox_violation disk_limit hint_is_answer format_only".split()
+from spade_cli.sandbox import probe
+from spade_cli.sandbox.config import (  # noqa: F401  (re-exported: the sandbox's public names)
+    REASONS,
+    TIERS,
+    EnvError,
+    SandboxConfig,
+    SandboxUnavailable,
 )
-TIERS = ("process", "strong")
-
-
-class EnvError(Exception):
-    """An env misbehaved. ``reason`` is a DESIGN §5 code, ``detail`` a short human sentence."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox itself cannot run here (or not at the required tier): an infrastructure error."""
-
-
-@dataclass
-class SandboxConfig:
-    tier: str = "auto"                # auto | process | strong
-    min_tier: str = "process"         # fail closed below this
-    import_timeout_s: float = 3.0
-    reset_timeout_s: float = 2.0
-    step_timeout_s: float = 1.0
-    episode_timeout_s: float = 60.0   # env time (reset + steps) per episode, not model time
-    memory_mb: int = 1024             # RLIMIT_AS of an env process
-    cpu_s: int = 300                  # RLIMIT_CPU backstop over a worker's whole life
-    fsize_mb: int = 16
-    nofile: int = 64
-    nproc: int = 1024                 # per uid, threads included; fork is denied by seccomp anyway
-    max_obs_chars: int = 65536
-    max_action_chars: int = 16384     # longer agent actions are truncated before `step`
-    max_output_bytes: int = 1 << 20   # env stdout+stderr per worker before `output_flood`
-    max_code_chars: int = 200_000
-    scratch_mb: int = 64              # total size of an env's working dir (tmpfs size= or a checked budget)
-    seccomp: bool = True
-    landlock: bool = True
-    extra_warnings: list[str] = field(default_factory=list)
-    preimport: tuple[str, ...] = ()   # heavy trusted libraries the zygote imports once (see heavy_imports)
-
-    @property
-    def max_frame(self) -> int:
-        # Not derived from rollout's shorter action cap alone: the env process holds this number,
-        # and it must not differ between validation and rollout.
-        return 4 * (self.max_obs_chars + max(self.max_action_chars, 16384)) + (256 << 10)
+from spade_cli.sandbox.envworker import EnvWorker
+from spade_cli.sandbox.worker import HEAVY_OK
+from spade_cli.sandbox.zygote import Zygote
 
 
 def heavy_imports(codes) -> tuple[str, ...]:
     """The allowlisted heavy libraries (``worker.HEAVY_OK``) that any of ``codes`` imports."""
-    from spade_cli.sandbox.worker import HEAVY_OK
-
     found = set()
     for code in codes:
         for name in HEAVY_OK:
@@ -95,116 +48,12 @@ def heavy_imports(codes) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-class Zygote:
-    """One fork server process (optionally inside bubblewrap) and its control socket."""
-
-    def __init__(self, cfg: SandboxConfig, tier: str, hash_seed: int, base: Path, bwrap: str | None):
-        self.cfg, self.tier, self.lock = cfg, tier, threading.Lock()
-        self.dir = Path(tempfile.mkdtemp(prefix="zyg-", dir=base))
-        os.chmod(self.dir, 0o711)  # nobody must reach its own subdir, but not list the others
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pkg_parent = str(Path(__file__).resolve().parents[2])
-        boot = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
-                "from spade_cli.sandbox.worker import zygote_main; zygote_main(int(sys.argv[1]), sys.argv[2:])")
-        env = {"PYTHONHASHSEED": str(hash_seed), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "MALLOC_ARENA_MAX": "2", "CUDA_VISIBLE_DEVICES": ""}
-        argv = [sys.executable, "-I", "-c", boot, str(child.fileno()), *cfg.preimport]
-        cwd = str(self.dir)
-        if tier == "strong":
-            from spade_cli.sandbox.probe import bwrap_argv
-
-            argv = bwrap_argv(bwrap, env, pkg_parent) + argv
-            cwd = "/"
-        self.log = open(self.dir / "zygote.log", "wb")
-        self.proc = subprocess.Popen(argv, pass_fds=(child.fileno(),), env=env, cwd=cwd,
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     start_new_session=True)
-        child.close()
-        self.sock = parent
-        self.sock.settimeout(30.0)  # the first start imports gymnasium and numpy
-        try:
-            hello = protocol.unpack(self.sock.recv(protocol.HEADER.size + 4096))
-        except (OSError, protocol.FrameError) as exc:
-            self.close()
-            raise SandboxUnavailable(f"the {tier} sandbox did not start ({exc}): {self._log_tail()}") from None
-        self.pid, self.uid = hello.get("pid"), hello.get("uid")
-        # As root every env process gets a uid of its own; where only root can read the runtime it
-        # keeps CAP_DAC_READ_SEARCH, which is safe only while Landlock confines what it may read.
-        self.read_search = self.uid == 0 and not hello.get("nobody_can_read_runtime")
-        self.drop_uid = self.uid == 0 and (not self.read_search or cfg.landlock)
-        self.warnings = []
-        if self.uid == 0 and not self.drop_uid:
-            self.warnings.append("running as root and the interpreter lives where other uids cannot read it: "
-                                 "env processes stay uid 0 with every capability dropped (Landlock and "
-                                 "seccomp still apply); install Python under a world-readable prefix to "
-                                 "get the uid drop")
-        self.sock.settimeout(10.0)
-
-    def _log_tail(self) -> str:
-        try:
-            return (self.dir / "zygote.log").read_text(errors="replace")[-600:].strip() or "no output"
-        except OSError:
-            return "no log"
-
-    def env_spec(self) -> dict:
-        """What every env process of this zygote is confined with: the same for every source,
-        stage and episode (the zygote keeps children confined for one spec ready)."""
-        cfg = self.cfg
-        return {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "fsize_mb": cfg.fsize_mb,
-                "nofile": cfg.nofile, "nproc": cfg.nproc, "max_obs_chars": cfg.max_obs_chars,
-                "max_frame": cfg.max_frame, "seccomp": cfg.seccomp, "landlock": cfg.landlock,
-                "scratch_mb": cfg.scratch_mb, "private_scratch": True,
-                "scratch_budget": self.tier == "process", "drop_uid": self.drop_uid,
-                "read_search": self.read_search}
-
-    def notify(self, msg: dict) -> None:
-        """A request the zygote does not answer (``drop``)."""
-        with self.lock:
-            try:
-                self.sock.send(protocol.pack(msg)[4:])
-            except OSError as exc:
-                raise SandboxUnavailable(f"the sandbox zygote stopped answering ({exc})") from None
-
-    def request(self, msg: dict, fds: tuple[int, ...] = ()) -> dict:
-        with self.lock:
-            try:
-                socket.send_fds(self.sock, [protocol.pack(msg)[4:]], list(fds))
-                data = self.sock.recv(1 << 16)
-            except OSError as exc:
-                raise SandboxUnavailable(f"the sandbox zygote stopped answering ({exc})") from None
-        if not data:
-            raise SandboxUnavailable(f"the sandbox zygote exited: {self._log_tail()}")
-        return protocol.unpack(data)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        try:
-            with self.lock:
-                self.sock.send(protocol.pack({"op": "shutdown"})[4:])
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.sock.close()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 class SandboxPool:
     """Tier choice, zygotes and bookkeeping; thread-safe; a context manager."""
 
     def __init__(self, config: SandboxConfig | None = None):
-        from spade_cli.sandbox import probe
-        from spade_cli.sandbox.probe import choose_tier
-
         self.config = config or SandboxConfig()
-        self.tier, self.bwrap, self.warnings = choose_tier(self.config.tier, self.config.min_tier)
+        self.tier, self.bwrap, self.warnings = probe.choose_tier(self.config.tier, self.config.min_tier)
         self.warnings += list(self.config.extra_warnings)
         if self.config.landlock and probe.probe_landlock()["abi"] < 1:
             self.config.landlock = False  # already warned by choose_tier
@@ -251,8 +100,6 @@ class SandboxPool:
             raise EnvError("no_code", "the design has no code")
         if len(code) > self.config.max_code_chars:
             raise EnvError("too_large", f"{len(code)} characters (cap {self.config.max_code_chars})")
-        from spade_cli.sandbox.envworker import EnvWorker
-
         worker = EnvWorker(self.zygote(hash_seed), self.config, code, env_id)
         with self.lock:
             self.workers = [w for w in self.workers if w.alive]

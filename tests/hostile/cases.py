@@ -3,7 +3,7 @@
 Each case is the source of one env. Attacks run inside ``step`` (or at import, or in ``reset``)
 and report what happened in the observation: ``escaped...`` when the attack worked, ``blocked:``
 plus the exception name when the kernel refused it. ``expect`` lists the acceptable outcomes: a
-DESIGN §5 reason code, ``"blocked"`` (the env ran, the attack was refused), or ``"ok"`` (the env
+reason code (docs/architecture.md, 'Reason codes'), ``"blocked"`` (the env ran, the attack was refused), or ``"ok"`` (the env
 ran and nothing bad could happen, e.g. a forged frame was ignored). Tokens like ``__PORT__`` are
 filled in by the test with host-side targets (loopback listeners, a victim process, a secret).
 The test asserts the outcome *and* host-side facts after every case.
