@@ -49,8 +49,6 @@ Example::
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import os
 import random
 import statistics
@@ -67,6 +65,7 @@ from spade_cli.records import Design, Memory, env_id_for, to_row, validation_fro
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 from spade_cli.sandbox.envproc import PARSE_LOCK
+from spade_cli.sandbox.play import play
 from spade_cli.sandbox.supervisor import heavy_imports
 from stages import validate_hacks
 
@@ -118,29 +117,6 @@ def static_checks(code: object, max_chars: int, ch: Checks) -> bool:
         return ch.add("env_class", False, "no class derives from gymnasium.Env or defines step()", t0,
                       "no_env_class")
     return ch.add("env_class", True, ", ".join(envish), t0)
-
-
-def play(worker, episode: str, seed: int, policy: Callable[[int], str], max_steps: int, keep: bool = False) -> dict:
-    """One episode; returns its observations, rewards and a digest of everything the env said.
-    ``keep``: leave its process open (for ``worker.check_env(after=episode)``)."""
-    obs, info = worker.reset(episode, seed)
-    observations, rewards, trace = [obs], [], [obs, info]
-    terminated = truncated = False
-    times = []
-    for t in range(max_steps):
-        t0 = time.perf_counter()
-        obs, reward, terminated, truncated, info = worker.step(episode, policy(t))
-        times.append(time.perf_counter() - t0)
-        observations.append(obs)
-        rewards.append(reward)
-        trace += [obs, reward, terminated, truncated, info]
-        if terminated or truncated:
-            break
-    if not keep:
-        worker.close_episode(episode)
-    digest = hashlib.sha256(json.dumps(trace, sort_keys=True, default=str).encode()).hexdigest()
-    return {"obs": observations, "return": sum(rewards), "steps": len(rewards), "done": terminated or truncated,
-            "digest": digest, "times": times}
 
 
 def _random_policy(seed: int) -> Callable[[int], str]:

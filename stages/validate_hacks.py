@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from spade_cli.keyed import MAX_CANDIDATES, Table, words
 from spade_cli.sandbox import EnvError
+from spade_cli.sandbox.play import play
 
 CONFIRM = 3          # more seeds for a degenerate policy that hit
 CONFIRM_NEEDED = 2   # of them it must also solve
@@ -44,8 +45,6 @@ def confirm_trivial(design, pool, hits: dict[str, float], factories: dict[str, C
                     seeds: Callable[[int], int], *, max_steps: int, threshold: float) -> dict[str, str]:
     """Per degenerate policy that hit on its contract seed: how many more seeds it solves; those
     that reach ``CONFIRM_NEEDED`` are returned (name -> "k of n seeds")."""
-    from stages.validate import play
-
     if not hits:
         return {}
     out: dict[str, str] = {}
