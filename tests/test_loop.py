@@ -133,7 +133,10 @@ def _artifacts(cwd: Path) -> dict:
     out: dict = {str(p.relative_to(run)): _rows(p) for p in sorted(run.rglob("*.jsonl"))
                  if "report" not in p.parts}
     for ckpt in sorted(p for p in (run / "ckpt").iterdir() if p.is_dir()):
-        out[f"{ckpt.name}/weights"] = load_file(str(ckpt / "model.safetensors"))
+        if (ckpt / "pruned.json").exists():  # retention removed its weights: the same ones in both runs
+            out[f"{ckpt.name}/pruned"] = json.loads((ckpt / "pruned.json").read_text())["pruned"]
+        else:
+            out[f"{ckpt.name}/weights"] = load_file(str(ckpt / "model.safetensors"))
     return out
 
 
