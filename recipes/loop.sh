@@ -3,6 +3,7 @@
 #
 #   MODEL=Qwen/Qwen3-4B RUN=runs/main bash recipes/loop.sh
 #   CONFIG=recipes/ablations/no_memory.env bash recipes/loop.sh      # knobs from an env file
+#   ENGINE=serve MODEL=Qwen/Qwen3-8B RUN=runs/one bash recipes/loop.sh # one vLLM server for the run
 #
 # Restartable: every stage writes its output atomically with a manifest, and a stage whose manifest
 # matches its inputs and config prints "up to date" and does nothing. No file is ever changed in
@@ -80,10 +81,31 @@ case ",${EVAL_TASKS// /}" in
 esac
 EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
+# --- one engine (ENGINE=serve; docs/backends.md) ------------------------------------------------
+# One `spade serve` server lives for the run: each stage first has it load the checkpoint the stage
+# samples from (a no-op when it already serves it), design, rollout and eval sample through it, and
+# it sleeps (releases its GPU memory) while the update trains. A rerun finds the server in
+# RUN/serve/server.json, or starts a new one, and loads the right checkpoint.
+ENGINE="${ENGINE:-}"                # serve | empty (each stage loads its own backend)
+SERVE_PORT="${SERVE_PORT:-8000}"
+SERVE_ARGS="${SERVE_ARGS:-}"        # engine flags of the server, e.g. --tensor-parallel-size 2
+if [[ "$ENGINE" == serve ]]; then
+  BACKEND=openai BASE_URL="http://127.0.0.1:$SERVE_PORT/v1"
+fi
+serve_load() {  # CKPT ITERATION: make the run's server serve CKPT
+  [[ "$ENGINE" == serve ]] || return 0
+  # shellcheck disable=SC2086
+  stage "$SPADE" serve --run-dir "$RUN" --model "$1" --port "$SERVE_PORT" --iteration "$2" $SERVE_ARGS >/dev/null
+}
+serve_sleep() {
+  [[ "$ENGINE" == serve ]] || return 0
+  stage "$SPADE" serve --run-dir "$RUN" --do sleep --iteration "$1" >/dev/null
+}
+# --- end one engine ------------------------------------------------------------------------------
 
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \
      "SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY POOL=${POOL:-none}" \
-     "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" >&2
+     "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED ENGINE=${ENGINE:-per-stage}" >&2
 mkdir -p "$RUN"
 
 backend_flags=(--backend "$BACKEND")
@@ -119,6 +141,7 @@ for ((i = 0; i < ITERS; i++)); do
   next="$next_ckpt" replay_prev="$prev_replay" eval_out="$next_eval"
   if ((i == 0 && EVAL_EVERY > 0)) && [[ ! -f "$eval.manifest.json" ]]; then
     # the starting point of every arm's curve: eval/iter_0000 is MODEL, before any update
+    serve_load "$MODEL" "$i"
     # shellcheck disable=SC2086
     stage "$SPADE" eval --model "$MODEL" "${eval_flags[@]}" --out "$eval" $EVAL_ARGS
   fi
@@ -145,6 +168,7 @@ for ((i = 0; i < ITERS; i++)); do
     # the memory of this iteration: absent in iteration 0, and never changed once written
     [[ "$MEMORY" == 1 && -f "$memory" ]] && design_flags+=(--memory "$memory")
   fi
+  [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$designer" "$i"
   # shellcheck disable=SC2086
   stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS
 
@@ -168,6 +192,7 @@ for ((i = 0; i < ITERS; i++)); do
       exit 3
     fi
   else
+    [[ -f "$rollouts.manifest.json" ]] || serve_load "$ckpt" "$i"
     # shellcheck disable=SC2086
     stage "$SPADE" rollout --model "$ckpt" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
       --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" $ROLLOUT_ARGS
@@ -182,14 +207,17 @@ for ((i = 0; i < ITERS; i++)); do
 
   update_flags=()
   [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
+  [[ -f "$next.manifest.json" ]] || serve_sleep "$i"
   # shellcheck disable=SC2086
   stage $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" \
     --scores "$scores" --out "$next" "${update_flags[@]}" $UPDATE_ARGS
 
   if ((eval_due)); then
+    [[ -f "$eval_out.manifest.json" ]] || serve_load "$next" "$((i + 1))"
     # shellcheck disable=SC2086
     stage "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
   fi
 done
 
+[[ "$ENGINE" != serve ]] || stage "$SPADE" serve --run-dir "$RUN" --do stop >/dev/null
 stage "$SPADE" report "$RUN"

@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 # Registered only once they really work; each module calls `app.command(...)` on import.
-COMMANDS = ["init_model", "inspect", "paths", "eval", "regret", "update", "report", "compare", "validate", "doctor", "rollout", "design", "warmstart"]
+COMMANDS = ["init_model", "inspect", "paths", "eval", "regret", "update", "report", "compare", "validate", "doctor", "rollout", "design", "warmstart", "serve"]
 
 for _name in COMMANDS:
     importlib.import_module(f"spade_cli.commands.{_name}").register(app)

@@ -11,6 +11,8 @@
       ckpt/iter_0008/                   the checkpoint `spade update` wrote after iteration 7
       eval/iter_0008.jsonl              evaluation of that checkpoint (+ the harness's own files)
       report/                           `spade report` tables and plots
+      serve/server.json                 the run's `spade serve` server: URL, pid, checkpoint
+                                        (+ server.log, events.jsonl, current -> the served ckpt)
 
 Recipes call ``spade paths RUN_DIR --iteration I`` to read these names instead of spelling them.
 
@@ -73,6 +75,10 @@ class RunLayout:
     def report_dir(self) -> Path:
         return self.root / "report"
 
+    @property
+    def serve_dir(self) -> Path:
+        return self.root / "serve"
+
     def iterations(self) -> list[int]:
         return sorted(int(p.name[5:]) for p in self.root.glob("iter_[0-9][0-9][0-9][0-9]") if p.is_dir())
 
@@ -87,7 +93,7 @@ class RunLayout:
             "next_memory": str(self.memory(i + 1)), "ckpt": str(self.ckpt(i)),
             "next_ckpt": str(self.ckpt(i + 1)), "eval": str(self.eval(i)),
             "next_eval": str(self.eval(i + 1)),
-            "report_dir": str(self.report_dir),
+            "report_dir": str(self.report_dir), "serve_state": str(self.serve_dir / "server.json"),
         }
         if shard is not None:
             table["rollout_shard"] = str(self.rollout_shard(i, *shard))
