@@ -37,7 +37,7 @@ sample from: vLLM lists each served name with its ``root`` (the path it loaded) 
 off-policy) unless the stage accepts a foreign server, which its manifest records. The served
 name is read from the same list, so a server with a fixed name (``spade serve``) follows the loop
 while ``--model`` names each iteration's checkpoint. A server that lists no root (``transformers
-serve``) cannot be checked; the manifest says ``verified: false``.
+serve``, or one whose ``/v1/models`` fails) cannot be checked; the manifest says ``verified: false``.
 
 ``logprobs_mode`` says what the log-probs are: ``none`` in text mode; in token mode one probe
 request with ``top_k: 1`` tells them apart, since the sampler's (processed) log-prob of the only
@@ -106,9 +106,13 @@ class OpenAIBackend:
         manifest records: url, served name, the checkpoint it serves, verified or not."""
         try:
             listed = [m for m in self._get("/models").get("data", []) if isinstance(m, dict)]
-        except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError, AttributeError) as exc:
-            raise SpadeError(f"openai backend: cannot list the models of {self.base_url} ({exc}); "
-                             "is the server up?") from None
+        except (urllib.error.HTTPError, ValueError, AttributeError) as exc:
+            # it answers but lists nothing usable (transformers serve offline answers 500): unchecked
+            self.server = {"url": self.base_url, "served_model": self.served_model, "checkpoint": None,
+                           "verified": False, "accepted_foreign": False, "unlisted": str(exc)[:200]}
+            return self.server
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise SpadeError(f"openai backend: cannot reach {self.base_url} ({exc}); is the server up?") from None
         if not self._named and len(listed) == 1 and listed[0].get("id"):
             self.served_model = str(listed[0]["id"])  # a server's fixed name (spade serve)
         entry = next((m for m in listed if m.get("id") == self.served_model), None)
