@@ -304,10 +304,14 @@ def _lm_model(ctx: EvalContext) -> tuple[str, dict]:
                       "device": device}
     if ctx.backend == "vllm":
         args = {"pretrained": ctx.model, "dtype": "auto", "gpu_memory_utilization": 0.85, "seed": ctx.seed}
-        if ctx.engine is not None:  # lm-eval's vllm model takes the same names (data parallel via ray)
-            args.update({k: v for k, v in ctx.engine.backend_kwargs().items()
-                         if k in ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization",
-                                  "max_model_len", "enable_prefix_caching", "enforce_eager")})
+        if ctx.engine is not None:
+            # lm-eval's vllm model takes the same names; only options given explicitly, because its
+            # data parallelism needs ray (spade's default layout would fill every GPU through it)
+            e = ctx.engine
+            given = {"tensor_parallel_size": e.tensor_parallel_size, "data_parallel_size": e.data_parallel_size,
+                     "gpu_memory_utilization": e.gpu_memory_utilization, "max_model_len": e.max_model_len,
+                     "enable_prefix_caching": e.enable_prefix_caching, "enforce_eager": e.enforce_eager or None}
+            args.update({k: v for k, v in given.items() if v is not None})
         return "vllm", args
     if ctx.backend == "openai":
         if not ctx.base_url:

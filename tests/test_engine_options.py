@@ -194,3 +194,15 @@ def test_engine_args_and_serve_flags():
     assert for_backend("hf", EngineOptions()) is None
     with pytest.raises(typer.BadParameter):
         for_backend("openai", opts)
+
+
+@pytest.mark.unit
+def test_lm_eval_tasks_get_only_the_engine_options_given():
+    from spade_cli.evaluators import EvalContext, _lm_model
+
+    def args(opts):
+        return _lm_model(EvalContext(model="m", out=Path("o"), backend="vllm", engine=opts))[1]
+
+    assert "data_parallel_size" not in args(EngineOptions())  # lm-eval's data parallelism needs ray
+    got = args(EngineOptions(tensor_parallel_size=2, data_parallel_size=2, max_model_len=1024))
+    assert (got["tensor_parallel_size"], got["data_parallel_size"], got["max_model_len"]) == (2, 2, 1024)
