@@ -2,6 +2,7 @@
 # Run every benchmark; each prints its figure next to a baseline measured in the same run, as JSON.
 #   bash recipes/bench.sh            # all
 #   bash recipes/bench.sh sandbox    # one: cli, sandbox, rollout, regret, update, threads or pipeline
+#   VENV=~/.cache/spade/venv-vllm-cpu bash recipes/bench.sh serve   # vLLM: spade vs the engine, swap vs cold start
 # Timings on a shared 2-core machine drift by tens of percent between runs: read the ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,6 +3,7 @@
 #
 #   MODEL=Qwen/Qwen3-4B RUN=runs/main bash recipes/loop.sh
 #   CONFIG=recipes/ablations/no_memory.env bash recipes/loop.sh      # knobs from an env file
+#   ENGINE=serve MODEL=Qwen/Qwen3-8B RUN=runs/one bash recipes/loop.sh # one vLLM server for the run
 #
 # Restartable: every stage writes its output atomically with a manifest, and a stage whose manifest
 # matches its inputs and config prints "up to date" and does nothing. No file is ever changed in
@@ -85,6 +86,28 @@ case ",${EVAL_TASKS// /}" in
 esac
 EVAL_ARGS="${EVAL_ARGS-$QWEN3_EVAL}"  # setting it, even to "", replaces these
 SPADE="${SPADE:-spade}"
+# --- one engine (ENGINE=serve; docs/backends.md) ------------------------------------------------
+# One `spade serve` server lives for the run: each stage first has it load the checkpoint the stage
+# samples from (a no-op when it already serves it), design, rollout and eval sample through it, and
+# it sleeps (releases its GPU memory) while the update trains. A rerun finds the server in
+# RUN/serve/server.json, or starts a new one, and loads the right checkpoint.
+ENGINE="${ENGINE:-}"                # serve | empty (each stage loads its own backend)
+SERVE_PORT="${SERVE_PORT:-8000}"
+SERVE_ARGS="${SERVE_ARGS:-}"        # engine flags of the server, e.g. --tensor-parallel-size 2
+if [[ "$ENGINE" == serve ]]; then
+  BACKEND=openai BASE_URL="http://127.0.0.1:$SERVE_PORT/v1"
+fi
+serve_load() {  # CKPT ITERATION: make the run's server serve CKPT
+  [[ "$ENGINE" == serve ]] || return 0
+  # shellcheck disable=SC2086
+  stage "$SPADE" serve --run-dir "$RUN" --model "$1" --port "$SERVE_PORT" --iteration "$2" $SERVE_ARGS >/dev/null
+}
+serve_sleep() {
+  [[ "$ENGINE" == serve ]] || return 0
+  stage "$SPADE" serve --run-dir "$RUN" --do sleep --iteration "$1" >/dev/null
+}
+# --- end one engine ------------------------------------------------------------------------------
+
 # --- experiment settings (recipes/experiment.sh, recipes/baselines/static_pool.sh) ---------------
 # The Agent's budget: BUDGET_PAIRS seed pairs an iteration (2 episodes each), split over however many
 # envs are valid, so that every arm plays the same number of episodes (docs/report.md); "": K per env.
@@ -95,7 +118,7 @@ budget_flags=()
 # truth: the baselines read them from here and experiment.sh stores them as each cell's settings.json.
 SHARED_SETTINGS=(MODEL ITERS N_ENVS GROUP K BUDGET_PAIRS MAX_TURNS SEED BACKEND BASE_URL CORPUS REPLAY EXTRA_ENVS
   EVAL_EVERY EVAL_TASKS EVAL_LIMIT DESIGN_ARGS VALIDATE_ARGS ROLLOUT_ARGS REGRET_ARGS UPDATE_ARGS EVAL_ARGS
-  UPDATE_CMD ROLLOUT_SHARDS PIPELINE STALENESS)
+  UPDATE_CMD ROLLOUT_SHARDS PIPELINE STALENESS ENGINE SERVE_ARGS)
 ARM_SETTINGS=(POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY)
 if [[ "${PRINT_SETTINGS:-0}" == 1 ]]; then
   for k in "${SHARED_SETTINGS[@]}" "${ARM_SETTINGS[@]}"; do export "${k?}"; done
@@ -110,7 +133,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/loop_mode.sh"
 
 echo "== spade loop: RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS GROUP=$GROUP K=$K BACKEND=$BACKEND" \
      "SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY POOL=${POOL:-none}" \
-     "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" >&2
+     "FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED ENGINE=${ENGINE:-per-stage}" >&2
 mkdir -p "$RUN"
 
 backend_flags=(--backend "$BACKEND")
@@ -146,6 +169,7 @@ for ((i = 0; i < ITERS; i++)); do
   next="$next_ckpt" replay_prev="$prev_replay" eval_out="$next_eval"
   if ((i == 0 && EVAL_EVERY > 0)) && [[ ! -f "$eval.manifest.json" ]]; then
     # the starting point of every arm's curve: eval/iter_0000 is MODEL, before any update
+    serve_load "$MODEL" "$i"
     # shellcheck disable=SC2086
     stage "$SPADE" eval --model "$MODEL" "${eval_flags[@]}" --out "$eval" $EVAL_ARGS
   fi
@@ -172,6 +196,7 @@ for ((i = 0; i < ITERS; i++)); do
     # the memory of this iteration: absent in iteration 0, and never changed once written
     [[ "$MEMORY" == 1 && -f "$memory" ]] && design_flags+=(--memory "$memory")
   fi
+  [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$designer" "$i"
   # shellcheck disable=SC2086
   stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS
 
@@ -195,6 +220,7 @@ for ((i = 0; i < ITERS; i++)); do
       exit 3
     fi
   else
+    [[ -f "$rollouts.manifest.json" ]] || serve_load "$ckpt" "$i"
     # shellcheck disable=SC2086
     stage "$SPADE" rollout --model "$ckpt" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
       --iteration "$i" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
@@ -205,6 +231,7 @@ for ((i = 0; i < ITERS; i++)); do
   if [[ "$SIGNAL" == ema_lp ]] && ((i > 0)); then
     before_model="$prev_ckpt"
     ((i == 1)) && before_model="$MODEL"
+    [[ -f "$lp_before.manifest.json" ]] || serve_load "$before_model" "$i"
     # shellcheck disable=SC2086
     stage "$SPADE" rollout --model "$before_model" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
       --iteration "$i" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
@@ -221,11 +248,13 @@ for ((i = 0; i < ITERS; i++)); do
 
   update_flags=()
   [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
+  [[ -f "$next.manifest.json" ]] || serve_sleep "$i"
   # shellcheck disable=SC2086
   stage $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" \
     --scores "$scores" --out "$next" "${update_flags[@]}" $UPDATE_ARGS
 
   if ((eval_due)); then
+    [[ -f "$eval_out.manifest.json" ]] || serve_load "$next" "$((i + 1))"
     # shellcheck disable=SC2086
     stage "$SPADE" eval --model "$next" "${eval_flags[@]}" --out "$eval_out" $EVAL_ARGS
   fi
@@ -233,4 +262,5 @@ for ((i = 0; i < ITERS; i++)); do
   [[ "$PRUNE" == 0 ]] || stage "$SPADE" prune "$RUN" -i "$i" --eval-every "$EVAL_EVERY" $PRUNE_ARGS
 done
 
+[[ "$ENGINE" != serve ]] || stage "$SPADE" serve --run-dir "$RUN" --do stop >/dev/null
 stage "$SPADE" report "$RUN"

@@ -25,6 +25,12 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
 fi
 GEN_DEVICES="${GEN_DEVICES:-}"      # CUDA_VISIBLE_DEVICES of design, rollout and eval (empty: inherited)
 TRAIN_DEVICES="${TRAIN_DEVICES:-}"  # CUDA_VISIBLE_DEVICES of the update (empty: inherited)
+if [[ -n "$ENGINE" ]]; then
+  # one server that sleeps while the update trains cannot generate beside it; give each lane devices
+  echo "ENGINE=$ENGINE is the sequential loop's (its server sleeps during the update); PIPELINE=1" \
+       "generates beside the update: use the per-stage engines with GEN_DEVICES and TRAIN_DEVICES" >&2
+  exit 2
+fi
 if ((ROLLOUT_SHARDS > 1)); then
   echo "PIPELINE=1 plays rollouts in this loop; a rollout array is recipes/slurm/multi_node/driver.sh's" \
        "(PIPELINE=1 there too)" >&2

@@ -37,4 +37,4 @@ fi
 # vLLM's CPU engine takes its KV cache from this variable (GiB); the tiny test model needs little.
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export SPADE_VLLM_CPU=1
-exec "$VENV/bin/python" -m pytest -m vllm_cpu tests/test_backend_vllm.py "$@"
+exec "$VENV/bin/python" -m pytest -m vllm_cpu tests/test_backend_vllm.py tests/test_serve_vllm_cpu.py "$@"

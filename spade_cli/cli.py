@@ -41,7 +41,11 @@ RENAMED: dict[str, dict[str, str]] = {
     "eval": {"--max-steps": "--max-messages"},  # --max-steps: env steps (validate), optimizer steps (update)
 }
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
-NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads"}
+NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads",
+                # vLLM engine options (spade_cli/engine.py): recorded under the manifest's "engine"
+                "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
+                "enable_prefix_caching", "enforce_eager", "engine_arg",
+                "accept_foreign_server"}  # recorded under the manifest's "server"
 
 
 def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | None:

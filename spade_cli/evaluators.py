@@ -168,6 +168,9 @@ class EvalContext:
     think_overflow: str = "close"
     force: bool = False
     log: Callable[[str], None] = lambda msg: None
+    engine: Any = None  # spade_cli.engine.EngineOptions of --backend vllm
+    accept_foreign_server: bool = False
+    checked: dict = field(default_factory=dict)  # what preflight found: the server, the log-prob mode
     _backend: Any = field(default=None, repr=False)
 
     def side_dir(self, harness: str, spec: TaskSpec) -> Path:
@@ -184,7 +187,13 @@ class EvalContext:
             from spade_cli.backends import load_backend
 
             kwargs = {"base_url": self.base_url} if self.backend == "openai" else {}
-            self._backend = load_backend(self.backend, self.model, **kwargs)
+            if self.engine is not None and self.backend == "vllm":
+                kwargs.update(self.engine.backend_kwargs())
+            from spade_cli.backends import preflight
+
+            backend = load_backend(self.backend, self.model, **kwargs)
+            self.checked.update(preflight(backend, None, self.accept_foreign_server))
+            self._backend = backend
         return self._backend
 
     def sampling(self, default_tokens: int) -> Any:
@@ -294,8 +303,16 @@ def _lm_model(ctx: EvalContext) -> tuple[str, dict]:
         return "hf", {"pretrained": ctx.model, "dtype": "float32" if device == "cpu" else "auto",
                       "device": device}
     if ctx.backend == "vllm":
-        return "vllm", {"pretrained": ctx.model, "dtype": "auto", "gpu_memory_utilization": 0.85,
-                        "seed": ctx.seed}
+        args = {"pretrained": ctx.model, "dtype": "auto", "gpu_memory_utilization": 0.85, "seed": ctx.seed}
+        if ctx.engine is not None:
+            # lm-eval's vllm model takes the same names; only options given explicitly, because its
+            # data parallelism needs ray (spade's default layout would fill every GPU through it)
+            e = ctx.engine
+            given = {"tensor_parallel_size": e.tensor_parallel_size, "data_parallel_size": e.data_parallel_size,
+                     "gpu_memory_utilization": e.gpu_memory_utilization, "max_model_len": e.max_model_len,
+                     "enable_prefix_caching": e.enable_prefix_caching, "enforce_eager": e.enforce_eager or None}
+            args.update({k: v for k, v in given.items() if v is not None})
+        return "vllm", args
     if ctx.backend == "openai":
         if not ctx.base_url:
             raise SpadeError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")

@@ -15,6 +15,8 @@
       report/                           `spade report` tables and plots
       loop_mode                         which loop made the run: "sequential" or "pipelined S"
                                         (docs/pipeline.md); the two never mix in one run directory
+      serve/server.json                 the run's `spade serve` server: URL, pid, checkpoint
+                                        (+ server.log, events.jsonl, current -> the served ckpt)
 
 Recipes call ``spade paths RUN_DIR --iteration I`` to read these names instead of spelling them.
 
@@ -99,6 +101,10 @@ class RunLayout:
     def loop_mode(self) -> Path:
         return self.root / "loop_mode"
 
+    @property
+    def serve_dir(self) -> Path:
+        return self.root / "serve"
+
     def iterations(self) -> list[int]:
         return sorted(int(p.name[5:]) for p in self.root.glob("iter_[0-9][0-9][0-9][0-9]") if p.is_dir())
 
@@ -115,6 +121,7 @@ class RunLayout:
             "lp_before": str(self.lp_before(i)), "eval": str(self.eval(i)),
             "next_eval": str(self.eval(i + 1)),
             "report_dir": str(self.report_dir), "loop_mode": str(self.loop_mode),
+            "serve_state": str(self.serve_dir / "server.json"),
         }
         if shard is not None:
             table["rollout_shard"] = str(self.rollout_shard(i, *shard))

@@ -149,7 +149,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         enable_thinking: bool = False, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
         example: bool = True, signal: str = "regret", top_k: int = 0, think_tokens: int | None = None,
         answer_tokens: int | None = None, think_overflow: str = "close", contract: str = "full",
-        config: dict | None = None, force: bool = False) -> dict:
+        config: dict | None = None, force: bool = False, engine: Any = None,
+        accept_foreign_server: bool = False) -> dict:
     """Write ``n`` design rows to ``out`` and return the summary (see the module docstring).
 
     ``backend`` is a registry name (hf, vllm, openai, ``module:Class``) or a ready backend object.
@@ -165,7 +166,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         raise ValueError("pass --model (a Designer checkpoint) or --pool (a fixed environment pool)")
     if config is None:
         config = later_defaults_dropped({k: v for k, v in locals().items()
-                                         if k not in ("out", "force", "Stage", "backend")}, "design")
+                                         if k not in ("out", "force", "Stage", "backend", "engine",
+                                                      "accept_foreign_server")}, "design")
         config["backend"] = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
     local = {"memory": memory}
     if pool and pool not in pool_mod.NAMED_POOLS and not pool.startswith("rg:"):
@@ -207,9 +209,22 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         from spade_cli.backends import load_backend
 
         kwargs = {"base_url": base_url} if base_url else {}
+        if engine is not None and backend == "vllm":
+            kwargs.update(engine.backend_kwargs())
+            stage.extra["engine"] = engine.record()
         be = load_backend(backend, model, **kwargs)
-    from spade_cli.backends import Sampling, render_chat
+    from spade_cli.backends import Sampling, preflight, render_chat, sampling_record
 
+    checked: dict[str, Any] = {}
+    if todo:
+        try:
+            checked = preflight(be, Sampling(temperature=temperature, top_p=top_p, top_k=top_k),
+                                accept_foreign_server)
+        except BaseException:
+            if be is not backend and hasattr(be, "close"):
+                be.close()
+            raise
+        stage.extra.update({k: v for k, v in checked.items() if k == "server"})
     think = None
     if think_tokens is not None and todo:
         think = Thinking(think_tokens, answer_tokens or max_tokens, think_overflow).bind(be.tokenizer)
@@ -228,9 +243,9 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
                 else:
                     outs = generate_thinking(be, ids, group, sampling, think, seeds=seeds)
                 calls += 1
-                gen = {"model": str(model) if model else getattr(be, "model", None), "backend": be.name,
-                       "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                       "max_tokens": max_tokens, "enable_thinking": enable_thinking}
+                gen = {"model": str(model) if model else getattr(be, "model", None),
+                       **sampling_record(sampling, be), "max_tokens": max_tokens,
+                       "enable_thinking": enable_thinking}
                 if think is not None:
                     gen["think_budget"] = {"think": think.think_tokens, "answer": think.answer_tokens,
                                            "overflow": think.overflow}
@@ -256,7 +271,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
                "backend_calls": calls, "resumed_rows": resumed, "parse_errors": parse_errors,
                "parsed": rows - parse_errors, "prompt_tokens": prompt_tokens,
                "completion_tokens": completion_tokens, "think_overflows": think_overflows,
-               "grounding": grounding,
+               "grounding": grounding, "logprobs": checked.get("logprobs"),
                "memory": str(memory) if memory else None,
                "doc_ids": [p["doc"]["id"] if p["doc"] else None for p in plan]}
     stage.commit(rows, summary)

@@ -191,7 +191,8 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         user_temperature: float = 0.0, user_max_tokens: int | None = None, max_steps: int = 100, data_dir: str | None = None,
         top_p: float = 1.0, top_k: int = 0, think_tokens: int | None = None, answer_tokens: int | None = None,
         think_overflow: str = "close", force: bool = False,
-        config: dict | None = None, log: Callable[[str], None] = lambda msg: None) -> dict:
+        config: dict | None = None, engine: Any = None,
+        accept_foreign_server: bool = False, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Run every task spec not already in the partial output; returns the summary dict."""
     try:
         check_thinking(tasks, think_tokens, think_overflow)
@@ -227,8 +228,11 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
                       user_model=user_model, user_temperature=user_temperature, user_max_tokens=user_max_tokens,
                       max_steps=max_steps, data_dir=data_dir, top_p=top_p, top_k=top_k,
                       think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
-                      force=force, log=log)
+                      force=force, log=log, engine=engine if backend == "vllm" else None,
+                      accept_foreign_server=accept_foreign_server)
     rows = list(done)
+    if ctx.engine is not None:
+        stage.extra["engine"] = ctx.engine.record()
     try:
         with stage.writer() as writer:
             for spec in tasks:
@@ -245,7 +249,11 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
                 stage.timings[spec.label] = round(time.perf_counter() - t0, 3)
     finally:
         ctx.close()
+    if ctx.checked.get("server"):
+        stage.extra["server"] = ctx.checked["server"]
     result = summary(rows, out, status="ok")
+    if ctx.checked:
+        result["logprobs"] = ctx.checked.get("logprobs")
     stage.commit(len(rows), {k: v for k, v in result.items() if k != "status"})
     return result
 

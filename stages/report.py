@@ -208,6 +208,29 @@ def iteration_row(layout: RunLayout, i: int, cache_dir: Path | None = None) -> d
     return row
 
 
+def engine_events(layout: RunLayout) -> dict[int, dict]:
+    """Per iteration, what the run's `spade serve` server did (RUN/serve/events.jsonl): engine
+    starts (restarts included) and their seconds, checkpoint loads and their seconds."""
+    path = layout.serve_dir / "events.jsonl"
+    out: dict[int, dict] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write
+        if not isinstance(e, dict) or not isinstance(e.get("iteration"), int):
+            continue
+        row = out.setdefault(e["iteration"], {"engine_starts": 0, "engine_start_s": 0.0, "engine_loads": 0,
+                                              "engine_load_s": 0.0})
+        kind = {"start": "start", "restart": "start", "load": "load"}.get(e.get("event"))
+        if kind:
+            row[f"engine_{kind}s"] += 1
+            row[f"engine_{kind}_s"] = round(row[f"engine_{kind}_s"] + float(e.get("seconds") or 0.0), 3)
+    return out
+
+
 def iterations(layout: RunLayout) -> list[int]:
     """Iterations with an iter dir, an eval file, or a checkpoint (the final one has only those)."""
     found = set(layout.iterations())
@@ -255,6 +278,9 @@ def run(run_dir: str | Path, plots: bool = True) -> dict:
         raise SpadeError(f"{run_dir}: no iter_XXXX directories, eval files or checkpoints: is this a run directory?")
     out_dir = layout.report_dir
     rows = [iteration_row(layout, i, out_dir / ".cache") for i in its]
+    engine = engine_events(layout)  # outside the cache: events.jsonl grows while the run goes on
+    for r in rows:
+        r.update(engine.get(r["iteration"], {}))
     # the highest-regret envs of each iteration with their audit flags: where a bought reward shows
     top = [{"iteration": r["iteration"], **t} for r in rows for t in r.pop("top_regret", [])]
     atomic_write_text(out_dir / "top_regret.csv",

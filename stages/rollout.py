@@ -128,6 +128,8 @@ def run(
     progress: Callable[[Stats], None] | None = None,
     backend_obj: Any = None,
     backend_kwargs: dict | None = None,
+    engine: Any = None,
+    accept_foreign_server: bool = False,
 ) -> dict:
     """Play the episodes missing from ``out`` and publish it; returns the summary dict.
 
@@ -167,6 +169,7 @@ def run(
     rows = list(done_rows)
     stats = Stats(total=len(todo))
     tier_used = mode = None
+    checked: dict[str, Any] = {}
     if todo:
         from spade_cli.backends import load_backend
         from spade_cli.records import to_row
@@ -192,9 +195,21 @@ def run(
                 kw = dict(backend_kwargs or {})
                 if base_url:
                     kw["base_url"] = base_url
+                if engine is not None and backend == "vllm":  # EngineOptions: every visible GPU by default
+                    kw.update(engine.backend_kwargs())
+                    stage.extra["engine"] = engine.record()
                 bk = load_backend(backend, model, **kw)
+            from spade_cli.backends import Sampling, preflight, sampling_record
+
+            sampling = Sampling(temperature=play.temperature, top_p=play.top_p, top_k=play.top_k)
+            # before any episode is played; a caller's backend (eval's held-out suites) samples
+            # rows nobody trains on, so only the server is checked there
+            checked = preflight(bk, sampling if backend_obj is None else None, accept_foreign_server)
+            stage.extra.update({k: v for k, v in checked.items() if k == "server"})
             with stage.writer() as writer:
                 def emit(rec: Any) -> None:
+                    # read at each row: an openai backend learns its wire mode from its first answer
+                    rec.extra["sampling"] = {**sampling_record(sampling, bk), "max_new_tokens": play.max_new_tokens}
                     row = to_row(rec)
                     writer.write(row)
                     rows.append(row)
@@ -225,7 +240,7 @@ def run(
         **_returns_summary(rows), "errors": errors, "quarantined": stats.quarantined,
         "turns": stats.turns, "generate_calls": stats.calls, "gen_tokens": stats.gen_tokens,
         "gen_tokens_per_s": round(stats.gen_tokens / stats.gen_s, 1) if stats.gen_s else None,
-        "sandbox_tier": tier_used, "batching": mode,
+        "sandbox_tier": tier_used, "batching": mode, "logprobs": checked.get("logprobs"),
     }
     stage.extra["sandbox"] = {"tier": tier_used}
     stage.extra["batching"] = mode

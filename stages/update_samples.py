@@ -7,10 +7,18 @@ each sample was drawn, because the trainer must score it at the same temperature
 correction is only sound for full-distribution sampling or for stored log-probs that say what the
 sampler did:
 
-- a design row records ``gen: {temperature, top_p, ...}`` (``spade design`` writes it);
-- a rollout row may record ``extra.sampling`` / ``extra.gen``; rows written by ``spade rollout``
-  today do not, so its manifest's ``config`` (``temperature``, ``top_p``) is read instead;
+- a design row records ``gen: {temperature, top_p, top_k, logprobs, ...}`` and a rollout row its
+  ``sampling`` field (the same fields), so a merged or copied file still says how each row was
+  drawn; ``logprobs`` is the log-prob mode (``processed``: the sampler's; ``raw``: the untempered
+  model's; ``none``);
+- rows written before rows carried it fall back to their file's manifest ``config``
+  (``temperature``, ``top_p``, ``top_k``), their log-probs taken as the sampler's;
 - otherwise the role's ``--*-temperature`` (or ``--temperature``) is assumed, top-p 1.
+
+The samples of one GRPO group must share their sampling (temperature, top-p, top-k, log-prob
+mode): a group mixing two runs is refused, naming both rows. Raw log-probs are the sampler's only
+at temperature 1 without top-p/top-k; otherwise the row is refused, as is a row whose stored
+log-probs contradict its mode.
 
 Credit (``agent_credit``): by default every agent token of an episode gets the episode's advantage
 (the paper's GRPO). With ``turn`` each reply is credited with its own discounted reward-to-go
@@ -159,7 +167,22 @@ class SamplingParams:
 
     def of(self, path: Path, record: dict | None) -> dict:
         src = record if isinstance(record, dict) and "temperature" in record else self._manifest(path)
-        return {k: src.get(k) for k in ("temperature", "top_p", "top_k")}
+        return {k: src.get(k) for k in ("temperature", "top_p", "top_k", "logprobs")}
+
+
+class GroupSampling:
+    """The sampling of each GRPO group's first row: a later row of the group must match it."""
+
+    def __init__(self) -> None:
+        self._first: dict[tuple, tuple[Path, int, dict]] = {}
+
+    def check(self, group: tuple, path: Path, line: int, params: dict) -> None:
+        first = self._first.setdefault(group, (path, line, params))
+        if first[2] != params:
+            diff = ", ".join(f"{k} {first[2].get(k)!r} there, {params.get(k)!r} here" for k in params
+                             if params.get(k) != first[2].get(k))
+            raise InputError(path, line, f"sampled unlike {first[0]}:{first[1]} of the same group ({diff}); "
+                                         "a group's samples must come from one sampler: two runs are mixed")
 
 
 def _resolve(cfg: UpdateConfig, role: str, path: Path, line: int, params: dict, has_logprobs: bool) -> float:
@@ -176,6 +199,17 @@ def _resolve(cfg: UpdateConfig, role: str, path: Path, line: int, params: dict, 
     temperature = float(recorded if recorded is not None else flag if flag is not None else cfg.temperature)
     top_p, top_k = params.get("top_p"), params.get("top_k")
     truncated = (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0)
+    mode = params.get("logprobs")
+    if mode not in (None, "processed", "raw", "none"):
+        raise InputError(path, line, f"unknown log-prob mode {mode!r} (processed, raw or none)")
+    if mode == "none" and has_logprobs:
+        raise InputError(path, line, "the row says it was sampled without log-probs (logprobs: none) but "
+                                     "stores tokens.logprobs; the row is inconsistent")
+    if mode == "raw" and has_logprobs and (truncated or not math.isclose(temperature, 1.0)):
+        raise InputError(path, line, f"the stored log-probs are raw (the untempered model's), not the "
+                                     f"sampler's at temperature {temperature:g}, top-p {top_p}, top-k {top_k}; "
+                                     "resample from a server with processed log-probs (spade serve, or vllm "
+                                     "serve --logprobs-mode processed_logprobs)")
     if truncated and (not cfg.importance_sampling or not has_logprobs):
         why = "the sampler correction is off" if not cfg.importance_sampling else "the row has no sampler log-probs"
         raise InputError(path, line, f"sampled with top-p {top_p} / top-k {top_k}, and {why}: the trainer's "
@@ -211,6 +245,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
             slot_rewards[(rec.extra["group_id"], rec.extra.get("sample"))] = float(rec.designer_reward)
 
     sampling = SamplingParams()
+    groups = GroupSampling()
     samples: list[Sample] = []
     # One entry per Agent episode: its reward and its samples (one, or one per turn when the
     # context dropped earlier reasoning). Advantages are computed over episodes, not sequences,
@@ -257,6 +292,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
                 bump("agent", "skipped_no_tokens")
             continue
         params = sampling.of(path, rec.extra.get("sampling") or rec.extra.get("gen"))
+        groups.check(group, path, line, params)
         mine = []
         seqs = _sequences(path, line, tokens)
         for p, c, mask, lps, _ in seqs:
@@ -293,8 +329,10 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
             continue
         # A design with two-phase reasoning masks the tokens spade appended (a forced </think>).
         p, c, mask, lps = _tokens(path, line, rec.tokens, need_env_mask="env_mask" in rec.tokens)
-        temp = _resolve(cfg, "designer", path, line, sampling.of(path, rec.gen), lps is not None)
+        params = sampling.of(path, rec.gen)
+        temp = _resolve(cfg, "designer", path, line, params, lps is not None)
         group = ("designer", rec.group_id if rec.group_id is not None else f"{path}:{line}")
+        groups.check(group, path, line, params)
         samples.append(Sample("designer", group, reward, p, c, mask, lps, temperature=temp))
 
     kept: list[Sample] = []

@@ -51,6 +51,48 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+LOGPROB_MODES = ("processed", "raw", "none")
+
+
+def logprobs_mode(backend: Any) -> str:
+    """What a backend's ``GenSample.logprobs`` are: ``processed`` (the sampler's, after temperature,
+    top-p and top-k), ``raw`` (the untempered model's: the sampler's only at temperature 1 without
+    truncation) or ``none`` (no log-probs). A backend says so in its ``logprobs_mode``; one that
+    does not is taken at its word that its log-probs are the sampler's."""
+    mode = getattr(backend, "logprobs_mode", None)
+    return mode if mode in LOGPROB_MODES else "processed"
+
+
+def sampling_record(sampling: Sampling, backend: Any) -> dict:
+    """How a row was sampled, as rows record it (``gen`` of a design, the ``sampling`` field of an
+    episode): ``spade update`` reads the row, not its file's manifest."""
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "logprobs": logprobs_mode(backend), "backend": getattr(backend, "name", "custom")}
+
+
+def preflight(backend: Any, sampling: Sampling | None, accept_foreign: bool = False) -> dict:
+    """Checks a stage makes before it samples; returns what its manifest and summary record.
+
+    A server (openai backend) must serve the stage's checkpoint (``check_server``). With
+    ``sampling`` (the stages whose rows are trained on), top-p or top-k sampling needs the
+    sampler's log-probs, since the update can only correct for a truncated distribution it
+    knows: with raw or no log-probs it is refused here, not after the whole rollout."""
+    from spade_cli.artifacts import SpadeError
+
+    info: dict[str, Any] = {}
+    if hasattr(backend, "check_server"):
+        info["server"] = backend.check_server(accept_foreign)
+    info["logprobs"] = mode = logprobs_mode(backend)
+    if sampling is not None and (sampling.top_p < 1.0 or sampling.top_k > 0) and mode != "processed":
+        where = f" at {info['server']['url']}" if "server" in info else ""
+        raise SpadeError(f"top-p {sampling.top_p:g} / top-k {sampling.top_k} sampling needs the sampler's "
+                         f"log-probs for the update to train on, but the {getattr(backend, 'name', 'custom')} "
+                         f"backend{where} returns {mode} log-probs. Sample with --top-p 1 --top-k 0, or from a "
+                         "server with processed log-probs (spade serve; vllm serve --logprobs-mode "
+                         "processed_logprobs)")
+    return info
+
+
 def sample_seed(seed: int, j: int) -> int:
     """The seed of sample ``j`` of a prompt whose seed is ``seed`` (for backends that draw the
     ``n`` samples of a prompt as separate rows or requests)."""

@@ -110,6 +110,7 @@ class HFBackend:
     """transformers ``generate`` behind the spade ``Backend`` interface."""
 
     name = "hf"
+    logprobs_mode = "processed"  # recorded after spade's own temperature and top-p processors
 
     def __init__(self, model: str, dtype: str = "float32", device: str | None = None,
                  batch_size: int = 64, **_: Any) -> None:

@@ -30,6 +30,19 @@ text mode sends ``seed + j`` for sample ``j`` so separate requests do not repeat
 ``transformers serve`` seeds a global RNG per request, so its results are reproducible only with
 ``concurrency=1``.
 
+Which checkpoint, which log-probs. A server outlives the stages that sample from it, so before
+sampling a stage checks (``check_server``) that the server serves the checkpoint it was told to
+sample from: vLLM lists each served name with its ``root`` (the path it loaded) at ``GET
+/v1/models``; a root that is not ``--model`` is refused (a stale server would make the run
+off-policy) unless the stage accepts a foreign server, which its manifest records. The served
+name is read from the same list, so a server with a fixed name (``spade serve``) follows the loop
+while ``--model`` names each iteration's checkpoint. A server that lists no root (``transformers
+serve``, or one whose ``/v1/models`` fails) cannot be checked; the manifest says ``verified: false``.
+
+``logprobs_mode`` says what the log-probs are: ``none`` in text mode; in token mode one probe
+request with ``top_k: 1`` tells them apart, since the sampler's (processed) log-prob of the only
+token top-k 1 leaves is exactly 0 while the model's raw one is below 0.
+
     backend = OpenAIBackend("ckpt/tiny", base_url="http://127.0.0.1:8000/v1", concurrency=8)
 """
 
@@ -41,6 +54,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from spade_cli.artifacts import SpadeError
@@ -75,6 +89,73 @@ class OpenAIBackend:
         self.requests = 0
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.eos_id = self.tokenizer.eos_token_id
+        self._named = served_model is not None
+        self._logprobs_mode: str | None = None
+        self.server: dict[str, Any] = {"url": self.base_url}
+
+    # -- what the server serves ---------------------------------------------------------------
+
+    def _get(self, route: str) -> Any:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        req = urllib.request.Request(self.base_url + route, headers=headers)
+        with urllib.request.urlopen(req, timeout=min(self.timeout, 30.0)) as resp:
+            return json.loads(resp.read())
+
+    def check_server(self, accept_foreign: bool = False) -> dict:
+        """Refuse a server that does not serve ``model`` (unless ``accept_foreign``); returns what the
+        manifest records: url, served name, the checkpoint it serves, verified or not."""
+        try:
+            listed = [m for m in self._get("/models").get("data", []) if isinstance(m, dict)]
+        except (urllib.error.HTTPError, ValueError, AttributeError) as exc:
+            # it answers but lists nothing usable (transformers serve offline answers 500): unchecked
+            self.server = {"url": self.base_url, "served_model": self.served_model, "checkpoint": None,
+                           "verified": False, "accepted_foreign": False, "unlisted": str(exc)[:200]}
+            return self.server
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise SpadeError(f"openai backend: cannot reach {self.base_url} ({exc}); is the server up?") from None
+        if not self._named and len(listed) == 1 and listed[0].get("id"):
+            self.served_model = str(listed[0]["id"])  # a server's fixed name (spade serve)
+        entry = next((m for m in listed if m.get("id") == self.served_model), None)
+        if entry is None:
+            names = ", ".join(str(m.get("id")) for m in listed) or "nothing"
+            raise SpadeError(f"openai backend: {self.base_url} does not serve {self.served_model!r} (it serves "
+                             f"{names}); pass --model the checkpoint it serves")
+        root = entry.get("root")
+        verified = isinstance(root, str) and same_checkpoint(root, self.model)
+        # a link (spade serve's RUN/serve/current) names the checkpoint it points to
+        held = os.path.realpath(root) if isinstance(root, str) and Path(root).exists() else root
+        self.server = {"url": self.base_url, "served_model": self.served_model, "checkpoint": held,
+                       "verified": verified, "accepted_foreign": False}
+        if isinstance(root, str) and not verified:
+            if not accept_foreign:
+                raise SpadeError(f"openai backend: {self.base_url} serves the checkpoint {held}, not --model "
+                                 f"{self.model}: its samples would be off-policy. Load the checkpoint into the "
+                                 "server (spade serve --model ... reloads it), or pass --foreign-server to "
+                                 "sample from it anyway (recorded in the manifest)")
+            self.server["accepted_foreign"] = True
+        return self.server
+
+    @property
+    def logprobs_mode(self) -> str:
+        """``processed`` (the sampler's), ``raw`` (the model's) or ``none`` (text mode); probed once."""
+        if self._logprobs_mode is None:
+            self._logprobs_mode = self._probe_logprobs()
+        return self._logprobs_mode
+
+    def _probe_logprobs(self) -> str:
+        if self.token_prompts is False:
+            return "none"
+        prompt = list(self.tokenizer.encode("Hello", add_special_tokens=False)) or [self.eos_id or 0]
+        probe = Sampling(temperature=1.0, max_tokens=1, top_k=1, seed=0)
+        group = self._token_request(prompt, 1, probe)
+        if group is None:
+            self.token_prompts = False
+            return "none"
+        self.token_prompts = True
+        lps = group[0].logprobs
+        if not lps:
+            return "none"
+        return "processed" if abs(lps[0]) < 1e-6 else "raw"
 
     # -- HTTP ---------------------------------------------------------------------------------
 
@@ -222,6 +303,14 @@ class _HTTPStatus(SpadeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether two names point at one checkpoint: the same directory, or the same hub id."""
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)
+    return a.rstrip("/") == b.rstrip("/")
 
 
 def _finish(choice: dict) -> str:

@@ -24,6 +24,18 @@ from spade_cli.cli import (
     finish,
     resolved_config,
 )
+from spade_cli.engine import (
+    DataParallelOpt,
+    EnforceEagerOpt,
+    EngineArgOpt,
+    EngineOptions,
+    ForeignServerOpt,
+    GpuMemoryOpt,
+    MaxModelLenOpt,
+    PrefixCachingOpt,
+    TensorParallelOpt,
+    for_backend,
+)
 
 # Help panels keep each options table narrow enough for an 80-column terminal.
 PROMPT = "Prompt"
@@ -100,6 +112,14 @@ def design(
         "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0,
         rich_help_panel=SAMPLING)]
     = 0,
+    tensor_parallel_size: TensorParallelOpt = None,
+    data_parallel_size: DataParallelOpt = None,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    enable_prefix_caching: PrefixCachingOpt = False,
+    enforce_eager: EnforceEagerOpt = False,
+    engine_arg: EngineArgOpt = None,
+    accept_foreign_server: ForeignServerOpt = False,
     config: ConfigOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -138,6 +158,9 @@ def design(
     if enable_thinking is None:
         enable_thinking = think_tokens is not None
     mem = None if no_memory else memory
+    engine = for_backend(backend, EngineOptions.from_cli(
+        tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len, enable_prefix_caching,
+        enforce_eager, engine_arg))
     cfg = resolved_config(ctx)
     with console.status("designing environments" if pool is None else f"reading the pool {pool}"):
         summary = stage.run(out, model=model, n=n, group=group, corpus=corpus, grounding=grounding,
@@ -146,7 +169,8 @@ def design(
                             excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
                             chunk=chunk, memory_k=memory_k, example=example, signal=signal, top_k=top_k,
                             think_tokens=think_tokens, answer_tokens=answer_tokens,
-                            think_overflow=think_overflow, contract=contract, config=cfg, force=force)
+                            think_overflow=think_overflow, contract=contract, config=cfg, force=force,
+                            engine=engine, accept_foreign_server=accept_foreign_server)
     if summary.get("status") == "ok":
         parsed = summary.get("parsed", summary["rows"])
         console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")

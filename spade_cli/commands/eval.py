@@ -20,6 +20,18 @@ from spade_cli.cli import (
     finish,
     resolved_config,
 )
+from spade_cli.engine import (
+    DataParallelOpt,
+    EnforceEagerOpt,
+    EngineArgOpt,
+    EngineOptions,
+    ForeignServerOpt,
+    GpuMemoryOpt,
+    MaxModelLenOpt,
+    PrefixCachingOpt,
+    TensorParallelOpt,
+    for_backend,
+)
 
 GEN = "Generation"
 
@@ -120,6 +132,14 @@ def eval_(
     compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two eval "
                                                               "files A B instead (prints B - A).",
                                                               exists=True, dir_okay=False)] = None,
+    tensor_parallel_size: TensorParallelOpt = None,
+    data_parallel_size: DataParallelOpt = None,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    enable_prefix_caching: PrefixCachingOpt = False,
+    enforce_eager: EnforceEagerOpt = False,
+    engine_arg: EngineArgOpt = None,
+    accept_foreign_server: ForeignServerOpt = False,
     seed: SeedOpt = 0,
     force: ForceOpt = False,
     config: ConfigOpt = None,
@@ -160,6 +180,9 @@ def eval_(
     if any(s.kind == "tau2" for s in specs) and not (user_base_url and user_model):
         raise typer.BadParameter("tau2: tasks need a user simulator (an OpenAI-compatible server)",
                                  param_hint="--user-base-url and --user-model")
+    engine = for_backend(backend, EngineOptions.from_cli(
+        tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len, enable_prefix_caching,
+        enforce_eager, engine_arg))
     cfg = resolved_config(ctx)
     cfg.pop("compare", None)
     cfg.pop("evalscope_bin", None)
@@ -171,7 +194,8 @@ def eval_(
                        user_max_tokens=user_max_tokens, max_steps=max_steps,
                        data_dir=str(data_dir) if data_dir else None, top_p=top_p, top_k=top_k,
                        think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
-                       force=force, config=cfg, log=lambda msg: console.print(msg, soft_wrap=True))
+                       force=force, config=cfg, engine=engine,
+                       accept_foreign_server=accept_foreign_server, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)

@@ -26,6 +26,18 @@ from spade_cli.cli import (
     finish,
 )
 from spade_cli.commands.validate import ScratchOpt
+from spade_cli.engine import (
+    DataParallelOpt,
+    EnforceEagerOpt,
+    EngineArgOpt,
+    EngineOptions,
+    ForeignServerOpt,
+    GpuMemoryOpt,
+    MaxModelLenOpt,
+    PrefixCachingOpt,
+    TensorParallelOpt,
+    for_backend,
+)
 
 GEN = "Generation"
 PLAY = "Episodes"
@@ -127,6 +139,14 @@ def rollout(
     seed: SeedOpt = 0,
     log_every: Annotated[int, typer.Option("--log-every", min=1, help="Log line every N episodes (no TTY).")]
     = 50,
+    tensor_parallel_size: TensorParallelOpt = None,
+    data_parallel_size: DataParallelOpt = None,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    enable_prefix_caching: PrefixCachingOpt = False,
+    enforce_eager: EnforceEagerOpt = False,
+    engine_arg: EngineArgOpt = None,
+    accept_foreign_server: ForeignServerOpt = False,
     force: ForceOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -155,12 +175,16 @@ def rollout(
                       think_context=think_context,
                       quarantine_after=quarantine_after, max_concurrent=max_concurrent,
                       env_threads=env_threads, seed=seed)
+    engine = for_backend(backend, EngineOptions.from_cli(
+        tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len, enable_prefix_caching,
+        enforce_eager, engine_arg))
     progress = Progress(log_every)
     try:
         summary = stage.run(model, envs, Path(out), k, budget=budget_pairs, iteration=iteration, seed=seed, backend=backend,
                             base_url=base_url, shard=shard, play=play, tier=tier,
                             min_tier=min_tier, scratch_mb=scratch_mb, force=force, batching=batching,
-                            progress=progress, backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
+                            progress=progress, engine=engine, accept_foreign_server=accept_foreign_server,
+                            backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
                                             if backend == "hf" else None))
     finally:
         progress.close()

