@@ -168,7 +168,7 @@ def _spade_calls(text: str) -> list[tuple[str, str]]:
 
 # Options of other tools that the docs name in backticks (pip, pytest, sbatch, bubblewrap, the servers).
 EXTERNAL = {"--help", "--no-deps", "--durations", "--requeue", "--dependency", "--export", "--kill-on-invalid-dep",
-            "--new-session", "--logprobs-mode", "--served-model-name"}
+            "--new-session", "--logprobs-mode", "--served-model-name", "--enable-sleep-mode", "--max-logprobs"}
 
 
 def _recipe_options() -> set[str]:
