@@ -232,23 +232,24 @@ def test_episode_budget(pool: SandboxPool) -> None:
 
 
 @pytest.mark.integration
-def test_an_env_that_prints_more_than_its_pipe_holds_in_one_step_goes_on(pool: SandboxPool) -> None:
+def test_an_env_that_prints_more_than_its_pipe_holds_in_one_step_goes_on() -> None:
     """The supervisor waits for a reply in a blocking read and drains the output pipe between
     read slices: a step that prints 300 KB (over 4 pipes' worth, under the 1 MiB cap) blocks on
     the full pipe until a slice ends, and then completes; its output reaches ``worker.output``.
-    Past the cap the same env is an ``output_flood``."""
+    Past the cap the same env is an ``output_flood``. The step timeout is wide: what is tested is
+    that such a step completes at all, not how fast (a loaded machine stretches each slice, and a
+    0.5 s timeout then raced the drain; recipes/bench_sandbox.py measures the speed)."""
     chatty = COUNTER.replace("self.n += 1", "self.n += 1\n        print('p' * 299_999 + 'END')")
-    w = pool.open(chatty)
-    w.reset("e", 0)
-    t0 = time.monotonic()
-    for _ in range(3):
-        obs, *_ = w.step("e", "x")
-        assert obs.startswith("n=")
-    assert time.monotonic() - t0 < 0.5 * 3  # each step within its timeout, slices included
-    assert w.output.rstrip().endswith("END")
-    with pytest.raises(EnvError) as e:
-        w.step("e", "x")  # the fourth 300 KB passes 1 MiB
-    assert e.value.reason == "output_flood"
+    with SandboxPool(SandboxConfig(tier="process", step_timeout_s=10.0)) as wide:
+        w = wide.open(chatty)
+        w.reset("e", 0)
+        for _ in range(3):
+            obs, *_ = w.step("e", "x")
+            assert obs.startswith("n=")
+        assert w.output.rstrip().endswith("END")
+        with pytest.raises(EnvError) as e:
+            w.step("e", "x")  # the fourth 300 KB passes 1 MiB
+        assert e.value.reason == "output_flood"
 
 
 @pytest.mark.integration

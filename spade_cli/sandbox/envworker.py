@@ -312,7 +312,16 @@ class EnvWorker:
 
     @property
     def output(self) -> str:
-        """The last few KB its processes printed (never part of the protocol)."""
+        """The last few KB its processes printed (never part of the protocol). A reply can arrive
+        before the pipe's last bytes were read (the pipe is drained between read slices), so what
+        the live processes' pipes still hold is moved to the sink first: here, not after every
+        reply, which keeps the step's round trip free of it."""
+        with self.lock:
+            for proc in list(self.procs.values()):
+                try:
+                    proc.reader.drain_output()
+                except protocol.FrameError:
+                    break  # a flood: the next request to that process reports it
         return self.sink.text()
 
 
