@@ -51,9 +51,12 @@ def test_a_frame_nested_past_the_decoder_is_a_violation(tier_pool) -> None:  # n
 def test_validate_judges_deep_sources_and_frames_and_goes_on(tmp_path: Path) -> None:
     benign = (BENIGN_DIR / "guess_number.py").read_text()
     hint = json.loads((BENIGN_DIR / "hints.json").read_text())["guess_number.py"]
+    hints = json.loads((BENIGN_DIR / "hints.json").read_text())
+    # the last row is another valid env (a renamed copy of the first is a duplicate since dedup
+    # ignores unread names), so the stage is seen to go on judging after the hostile rows
     rows = [{"code": benign, "hint": hint}, {"code": DEEP_ELIF, "hint": "a hint for it"},
             {"code": env("forge_deep()", top=DEEP), "hint": "a hint for it"},
-            {"code": benign.replace("class ", "class Other", 1) + "\nVERSION = 2\n", "hint": hint}]
+            {"code": (BENIGN_DIR / "arithmetic_chain.py").read_text(), "hint": hints["arithmetic_chain.py"]}]
     designs, out = tmp_path / "d.jsonl", tmp_path / "v.jsonl"
     designs.write_text("".join(json.dumps({"schema": "spade.design/1", **r}) + "\n" for r in rows))
     res = run_spade("validate", "--designs", designs, "--out", out)
