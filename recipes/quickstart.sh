@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# quickstart.sh — the whole SPADE loop on a CPU, offline (what it shows and does not yet: README).
+# quickstart.sh — the whole SPADE loop on a CPU, offline (what it shows and does not yet: docs/results.md, "The CPU quickstart").
 #
 #   bash recipes/quickstart.sh                 # fresh machine: sets up .venv, then runs
 #   RUN=runs/qs2 ITERS=3 bash recipes/quickstart.sh
@@ -13,7 +13,7 @@
 #    starter envs (spade_cli/solvers.py), AGENT_EPISODES seeds each (a share AGENT_NOISE of their
 #    replies random, none by default). 16 seeds teach the answer words and few of the rules (a
 #    held-out return near 0.07), which leaves RL room; 48 beside 10 Designer passes taught most of
-#    them (0.74), as 192 did alone (README). (A real run starts from a Qwen3 checkpoint and skips this.)
+#    them (0.74), as 192 did alone (docs/results.md). (A real run starts from a Qwen3 checkpoint and skips this.)
 # 3. A held-out suite: the starter envs, validated, played by `spade eval --tasks envs:...` on seeds
 #    of their own: eval seeds come from the run seed SEED+1000, which the loop never uses, and the
 #    warm start plays seeds >= 2**31, which no rollout draws. It is evaluated, sampling as rollout
@@ -52,14 +52,14 @@ if [[ "${SMOKE:-0}" == 1 ]]; then   # CI: the same stages at the smallest sizes 
   : "${EVAL_K:=2}"
 fi
 ITERS="${ITERS:-3}"
-WARM_EPOCHS="${WARM_EPOCHS:-10}"        # passes over the family envs as Designer targets (README)
+WARM_EPOCHS="${WARM_EPOCHS:-10}"        # passes over the family envs as Designer targets (docs/results.md)
 WARM_EXAMPLES="${WARM_EXAMPLES:-}"      # the shortest N family envs only (empty: all 52)
 AGENT_EPISODES="${AGENT_EPISODES:-16}"   # solver seeds per starter env (hinted + unhinted); more left
-                                         # RL no room to show on held-out seeds (README)
-AGENT_NOISE="${AGENT_NOISE:-0}"       # random replies of the solvers (0.2 made a far weaker Agent: README)
+                                         # RL no room to show on held-out seeds (docs/results.md)
+AGENT_NOISE="${AGENT_NOISE:-0}"       # random replies of the solvers (0.2 made a far weaker Agent: docs/results.md)
 N_ENVS="${N_ENVS:-8}" GROUP="${GROUP:-4}" K="${K:-32}" MAX_TURNS="${MAX_TURNS:-6}" REPLAY="${REPLAY:-0}"
 EVAL_K="${EVAL_K:-32}"                   # held-out seeds per env
-AGENT_LR="${AGENT_LR:-3e-4}"            # 1e-4 gained half as much; 1e-3 made a stronger Agent worse (README)
+AGENT_LR="${AGENT_LR:-3e-4}"            # 1e-4 gained half as much; 1e-3 made a stronger Agent worse (docs/results.md)
 # Each reply is credited with its own round's reward (the starter envs' four rounds are
 # independent); AGENT_CREDIT=episode is the paper's GRPO, every reply sharing the episode's advantage.
 AGENT_CREDIT="${AGENT_CREDIT:-turn}" TURN_GAMMA="${TURN_GAMMA:-0}"

@@ -17,7 +17,7 @@ through it) and none has the structure of a starter env, so the held-out suite s
 Designer warm-started on the family (``spade warmstart --pool family``) learns the skeleton from
 every sample and the choices as its variable parts: sampled, it writes a mix of valid
 combinations and broken code (10 of 16 valid after 6 epochs of a 13M model alone; what the
-Agent's warm start and the loop then did to it: README, "What it would take for the Designer").
+Agent's warm start and the loop then did to it: docs/results.md, "The CPU quickstart").
 
     envs = members(0)   # [{"name", "title", "code", "hint"}, ...]
 """

@@ -10,7 +10,7 @@
   copying, a rule, a successor and a lookup, each scored a quarter per round, so a small model
   wins part of an episode and GRPO groups have reward spread. ``--pool family`` generates 52
   envs of one skeleton (rule x feedback x scoring, ``spade_cli/family.py``): Designer warm-start
-  targets for a small model (README: how the Designer came to train).
+  targets for a small model (docs/results.md: how the Designer came to train).
 - a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
   embeds ``RG_ITEMS`` items generated at design time (seeded by the run seed, iteration and task),

@@ -7,7 +7,7 @@ observations and reply with an action. The model imitates them imperfectly, and 
 success is what gives GRPO variance. ``noise`` makes the policy reply at random some of the time;
 the default is 0, because a noisy teacher mostly teaches noise: with 192 episodes per env the small
 model reached a held-out return of 0.29 imitating 20% noise and 0.77 / 0.53 (two seeds) imitating
-none, still short of solving three of the four envs (README).
+none, still short of solving three of the four envs (docs/results.md, "The CPU quickstart").
 
 The samples are made by the rollout engine itself (``spade_cli.episodes.Engine``) in the real
 sandbox, with a scripted backend in place of the model, so prompt, chat template, splicing and the

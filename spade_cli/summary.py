@@ -12,7 +12,7 @@ researcher opens that file for:
 - memory: history lengths and the labels the Designer's prompt uses (learnable, too easy = solved, …);
 - tokens per role: the Designer's completions and the Agent's episodes (agent vs env tokens).
 
-``summarize(paths, where)`` returns a plain dict whose keys are documented in the README (`spade
+``summarize(paths, where)`` returns a plain dict whose keys are documented in docs/cli.md (`spade
 inspect --json`); ``where`` filters rows by ``KEY=VALUE`` on the upgraded row (``reason=trivial``,
 ``doc.id=wiki-3``, ``hinted=true``) before anything is counted.
 
@@ -266,7 +266,7 @@ def _count_tokens(tokens: dict, role: dict) -> None:
 
 
 def summarize(paths: Iterable[str | Path], where: list[tuple[str, str]] = ()) -> dict:
-    """The summary of every row in ``paths`` that matches ``where`` (keys: see the README)."""
+    """The summary of every row in ``paths`` that matches ``where`` (keys: see docs/cli.md)."""
     schemas: Counter[str] = Counter()
     parts: dict[str, Any] = {}
     kinds = ((Validation, "validation", Validations), (Design, "designs", Designs),
