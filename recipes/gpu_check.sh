@@ -53,7 +53,13 @@ done
 generation=null
 if [[ -f recipes/gpu_check_generation.sh ]]; then
   generation=$(WORK="$WORK" DRY="$DRY" PYTHON="$PYTHON" bash recipes/gpu_check_generation.sh "$prev" | tail -n 1)
-  [[ -n "$generation" ]] || generation=null
+  # anything but one JSON object (a failed check's last words) is kept as a string
+  generation=$("$PYTHON" -c 'import json, sys
+try:
+    v = json.loads(sys.argv[1]); assert isinstance(v, dict)
+except Exception:
+    v = sys.argv[1] or None
+print(json.dumps(v))' "$generation")
 fi
 # <<< generation hook
 

@@ -34,4 +34,5 @@ def test_the_dry_run_prints_one_json_line_with_both_updates(tmp_path: Path, _off
         assert u["processes"] == 1 and u["tokens_per_s"] > 0 and u["s_per_step"] > 0 and u["optimizer_steps"] == 4
         assert u["host_peak_mb"] > 0 and u["state_bytes"] > 0
     assert second["state_load_s"] is not None
-    assert out["generation"] is None or isinstance(out["generation"], dict)
+    # the generation check (recipes/gpu_check_generation.sh) runs too, and skips without CUDA
+    assert out["generation"] == {"status": "skipped", "why": "no CUDA device or no vllm"}
