@@ -127,6 +127,31 @@ if [[ "${PRINT_SETTINGS:-0}" == 1 ]]; then
 fi
 # --- end experiment settings ----------------------------------------------------------------------
 
+# --- the flags both loops give their stages (recipes/loop_pipelined.sh calls these too); each reads
+# the paths of its iteration that `eval "$(spade paths ...)"` set ---------------------------------
+design_flags_for() {  # DESIGNER: a fixed pool (baselines) or the Designer, grounded and with memory
+  if [[ -n "$POOL" ]]; then
+    design_flags=(--pool "$POOL")
+    return 0
+  fi
+  design_flags=(--model "$1" --group "$GROUP" --signal "$SIGNAL" "${backend_flags[@]}")
+  if [[ "$GROUNDING" == 1 ]]; then
+    [[ -z "$CORPUS" ]] || design_flags+=(--corpus "$CORPUS")
+  else
+    design_flags+=(--no-grounding)
+  fi
+  # the memory of this iteration: absent in iteration 0, and never changed once written
+  [[ "$MEMORY" != 1 || ! -f "$memory" ]] || design_flags+=(--memory "$memory")
+}
+envs_of() {  # I: the --envs of iteration I (a repeated flag: typer takes one value per --envs)
+  envs=(--envs "$validated")
+  (($1 == 0)) || [[ ! -f "$prev_replay" ]] || envs+=(--envs "$prev_replay")
+  # a fixed set mixed into every iteration (the quickstart's starter envs); an env that is also a
+  # design or a replay is played once, and regret scores it like any other
+  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
+}
+# --- end shared flags -----------------------------------------------------------------------------
+
 # >>> loop mode (docs/pipeline.md): a run dir holds one mode; PIPELINE=1 continues in loop_pipelined.sh
 source "$(dirname "${BASH_SOURCE[0]}")/loop_mode.sh"
 # <<< loop mode
@@ -166,7 +191,7 @@ for ((i = 0; i < ITERS; i++)); do
   ((i == 0)) && ckpt="$MODEL"
   designer="$ckpt"
   [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
-  next="$next_ckpt" replay_prev="$prev_replay" eval_out="$next_eval"
+  next="$next_ckpt" eval_out="$next_eval"
   if ((i == 0 && EVAL_EVERY > 0)) && [[ ! -f "$eval.manifest.json" ]]; then
     # the starting point of every arm's curve: eval/iter_0000 is MODEL, before any update
     serve_load "$MODEL" "$i"
@@ -183,19 +208,7 @@ for ((i = 0; i < ITERS; i++)); do
   fi
   echo "== iteration $i (model: $ckpt)" >&2
 
-  # design: a fixed pool (baselines) or the Designer, grounded and memory-conditioned by default
-  if [[ -n "$POOL" ]]; then
-    design_flags=(--pool "$POOL")
-  else
-    design_flags=(--model "$designer" --group "$GROUP" --signal "$SIGNAL" "${backend_flags[@]}")
-    if [[ "$GROUNDING" == 1 ]]; then
-      [[ -n "$CORPUS" ]] && design_flags+=(--corpus "$CORPUS")
-    else
-      design_flags+=(--no-grounding)
-    fi
-    # the memory of this iteration: absent in iteration 0, and never changed once written
-    [[ "$MEMORY" == 1 && -f "$memory" ]] && design_flags+=(--memory "$memory")
-  fi
+  design_flags_for "$designer"
   [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$designer" "$i"
   # shellcheck disable=SC2086
   stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS
@@ -205,11 +218,7 @@ for ((i = 0; i < ITERS; i++)); do
   # shellcheck disable=SC2086
   stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
 
-  envs=(--envs "$validated")   # a repeated flag: typer takes one value per --envs
-  ((i > 0)) && [[ -f "$replay_prev" ]] && envs+=(--envs "$replay_prev")
-  # a fixed set mixed into every iteration (the quickstart's starter envs); an env that is also a
-  # design or a replay is played once, and regret scores it like any other
-  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
+  envs_of "$i"
   if ((ROLLOUT_SHARDS > 1)); then
     # Shards are written by the Slurm array (recipes/slurm/multi_node/); wait for all of them.
     # the names of this array's N shards, from the one place that derives paths

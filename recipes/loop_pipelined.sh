@@ -84,17 +84,7 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   echo "== iteration $j: generating with $sampler" >&2
   designer="$sampler"
   [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
-  if [[ -n "$POOL" ]]; then
-    design_flags=(--pool "$POOL")
-  else
-    design_flags=(--model "$designer" --group "$GROUP" --signal "$SIGNAL" "${backend_flags[@]}")
-    if [[ "$GROUNDING" == 1 ]]; then
-      [[ -n "$CORPUS" ]] && design_flags+=(--corpus "$CORPUS")
-    else
-      design_flags+=(--no-grounding)
-    fi
-    [[ "$MEMORY" == 1 && -f "$memory" ]] && design_flags+=(--memory "$memory")
-  fi
+  design_flags_for "$designer"
   # shellcheck disable=SC2086
   stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$j" --seed "$SEED" --out "$designs" $DESIGN_ARGS
   validate_flags=()
@@ -119,11 +109,6 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086
   stage "$SPADE" regret "${envs[@]}" --rollouts "$rollouts" --out "$scores" "${regret_flags[@]}" $REGRET_ARGS
-}
-envs_of() {  # the --envs of iteration $1 (after `spade paths` of it): as loop.sh plays them
-  envs=(--envs "$validated")
-  (($1 > 0)) && [[ -f "$prev_replay" ]] && envs+=(--envs "$prev_replay")
-  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
 }
 ckpt_of() {  # the checkpoint iteration $1 trains from (MODEL for 0)
   if (($1 == 0)); then echo "$MODEL"; else "$SPADE" paths "$RUN" --iteration "$1" --key ckpt; fi

@@ -55,6 +55,9 @@ POLL_S="${POLL_S:-30}"
 QWEN3_ROLLOUT="--temperature 0.6 --top-p 0.95 --top-k 20 --think-tokens 1024 --answer-tokens 512"
 QWEN3_ROLLOUT+=" --think-overflow close --think-context auto"
 export K="${K:-8}" MAX_TURNS="${MAX_TURNS:-16}" SEED ROLLOUT_ARGS="${ROLLOUT_ARGS-$QWEN3_ROLLOUT}" RUN
+# the Agent's budget per iteration, split over the valid envs of all shards, as in loop.sh ("": K per env)
+export BUDGET_PAIRS="${BUDGET_PAIRS-$((N_ENVS * K))}"
+PRUNE="${PRUNE:-1}"; PRUNE_ARGS="${PRUNE_ARGS:-}"   # retention after each update, as in loop.sh
 export SPADE_REPO="${SPADE_REPO:-$(cd "$(dirname "$0")/../../.." && pwd)}"
 HERE="$SPADE_REPO/recipes/slurm/multi_node"
 echo "== multi-node driver: RUN=$RUN MODEL=$MODEL ITERS=$ITERS SHARDS=$SHARDS SERVE=$SERVE" \
@@ -80,6 +83,10 @@ check_written() {  # check_written WHAT OUT...: every OUT has its manifest, or t
     done_ "$out" || { echo "$what: $out was not written (a job failed; its dependents were" \
                            "cancelled); see logs/ and rerun this script to resume" >&2; exit 1; }
   done
+}
+prune_after() {  # I: retention once iteration I's update (and its eval) are written (docs/update.md)
+  # shellcheck disable=SC2086
+  [[ "$PRUNE" == 0 ]] || spade prune "$RUN" -i "$1" --eval-every "$EVAL_EVERY" $PRUNE_ARGS >/dev/null
 }
 pending=() pending_outs=()   # pipelined: the update (and eval) jobs of the iteration before, and their outputs
 serve_job=""
@@ -188,6 +195,7 @@ for ((i = 0; i < ITERS; i++)); do
   fi
   ((i == 0 && EVAL_EVERY > 0)) && outs+=("$eval")
   check_written "iteration $i" "${outs[@]}"
+  if [[ "$PIPELINE" != 1 ]]; then prune_after "$i"; elif ((${#pending_outs[@]})); then prune_after "$((i - 1))"; fi
   pending=() pending_outs=()
   if [[ "$PIPELINE" == 1 ]]; then   # update(i) trains while the next iteration generates
     after=""
@@ -202,4 +210,5 @@ for ((i = 0; i < ITERS; i++)); do
 done
 for j in "${pending[@]}"; do wait_gone "$j"; done
 check_written "the last update" "${pending_outs[@]}"
+((${#pending_outs[@]} == 0)) || prune_after "$((ITERS - 1))"
 spade report "$RUN"
