@@ -100,8 +100,10 @@ for ((i = 0; i < ITERS; i++)); do
   layout="$(spade paths "$RUN" --iteration "$i" --shard "0/$SHARDS" --shell)"
   eval "$layout"
   ((i == 0)) && ckpt="$MODEL"
-  # the checkpoint that samples this iteration: its own, or the one before it when pipelined
-  sampler="$ckpt"; [[ "$PIPELINE" == 1 ]] && sampler="${prev_ckpt:-$MODEL}"; prev_ckpt="$ckpt"
+  # the checkpoint that samples this iteration: its own, or the one before it when pipelined (MODEL
+  # for iterations 0 and 1; $prev_ckpt comes from the layout)
+  sampler="$ckpt"
+  if [[ "$PIPELINE" == 1 ]]; then sampler="$MODEL"; ((i < 2)) || sampler="$prev_ckpt"; fi
   designer="$sampler"; [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
   eval_due=0
   ((EVAL_EVERY > 0)) && (((i + 1) % EVAL_EVERY == 0 || i + 1 == ITERS)) && eval_due=1
