@@ -202,7 +202,8 @@ def test_every_option_the_docs_name_exists(page: Path) -> None:
         for opt in re.findall(r"^\| `(--[a-z][a-z0-9-]*)", text, re.M):
             if opt not in known:
                 wrong.append(f"{'/'.join(sorted(cmd_set))} {opt}")
-    known = set().union(*map(_options, COMMANDS)) | _recipe_options() | EXTERNAL
+    retired = {old for names in cli.RENAMED.values() for old in names}  # a page may say what a name was
+    known = set().union(*map(_options, COMMANDS)) | _recipe_options() | EXTERNAL | retired
     wrong += sorted({o for o in re.findall(r"`(--[a-z][a-z0-9-]*)", text) if o not in known})
     assert not wrong, f"{page.name} names options that do not exist: {wrong}"
 
@@ -220,7 +221,8 @@ def test_a_retired_option_name_parses_as_the_new_one(command: str, old: str, new
     cmd = COMMANDS[command]
     assert new in _options(command) and old not in _options(command)
     required = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
-                "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"]}[command]
+                "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"],
+                "update": ["--model", "m", "--out", "ckpt"]}[command]
     param = next(p for p in cmd.params if new in (*p.opts, *p.secondary_opts))
     value = [] if param.is_flag else ["3"]
     with cmd.make_context(command, [*required, old, *value]) as ctx:

@@ -111,7 +111,7 @@ def test_the_loop_passes_sigterm_to_its_stage_and_exits_75(tiny_model, tmp_path)
 
 
 def _update_argv(paths: dict, model: Path, out: Path) -> list[str]:
-    return ["update", "--model", str(model), "--designs", str(paths["validated"]), "--rollouts",
+    return ["update", "--model", str(model), "--envs", str(paths["validated"]), "--rollouts",
             str(paths["rollouts"]), "--scores", str(paths["scores"]), "--out", str(out), "--learning-rate", "1e-3",
             "--per-device-train-batch-size", "1", "--num-iterations", "4"]
 

@@ -26,7 +26,7 @@ def update(
     model: ModelOpt,
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write (atomically).",
                                       file_okay=False)],
-    designs: Annotated[list[str] | None, typer.Option("--designs", help="validated.jsonl / designs.jsonl; "
+    designs: Annotated[list[str] | None, typer.Option("--envs", help="validated.jsonl / designs.jsonl; "
                                                "repeat, comma-separate or glob.")] = None,
     rollouts: Annotated[list[str] | None, typer.Option("--rollouts", help="rollouts.jsonl or shards; repeat, "
                                                 "comma-separate or glob.")] = None,
@@ -109,7 +109,7 @@ def update(
     trainer state beside it (trainer_state/: fp32 master weights, AdamW, scheduler, RNG) and
     update.json; given such a checkpoint as --model, the next update resumes its state.
 
-    Example: [bold]spade update --model ckpt/tiny --designs validated.jsonl --rollouts 'rollouts*.jsonl'
+    Example: [bold]spade update --model ckpt/tiny --envs validated.jsonl --rollouts 'rollouts*.jsonl'
     --scores scores.jsonl --out ckpt/iter_0001[/]
     """
     from stages import update as stage
@@ -144,7 +144,7 @@ def update(
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
     if not rollouts and not designs:
-        raise typer.BadParameter("give --rollouts and/or --designs", param_hint="--rollouts")
+        raise typer.BadParameter("give --rollouts and/or --envs", param_hint="--rollouts")
     summary = stage.run(cfg, force=force, log=lambda msg: console.print(msg, soft_wrap=True))
     if os.environ.get("RANK", "0") != "0":  # under accelerate launch / torchrun only rank 0 reports
         return
