@@ -66,7 +66,8 @@ def update(
     designer_weight: Annotated[float, _opt("--designer-weight", "Weight of the Designer's policy term.")] = 1.0,
     invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design that has no score row.")] = -1.0,
     max_completion_length: Annotated[int | None, _opt(
-        "--max-completion-length", "dr_grpo's normaliser (default: the longest completion).")] = None,
+        "--dr-grpo-length", "dr_grpo's per-sequence divisor, TRL's max_completion_length; caps nothing "
+        "(default: the longest completion).")] = None,
     learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate.", _OPT)] = 1e-6,
     lr_scheduler_type: Annotated[Literal["constant", "constant_with_warmup", "linear", "cosine"], _opt(
         "--lr-scheduler-type", "Over the whole run.", _OPT)] = "constant",
