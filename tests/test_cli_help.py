@@ -223,7 +223,8 @@ def test_a_retired_option_name_parses_as_the_new_one(command: str, old: str, new
     required = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
                 "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"],
                 "update": ["--model", "m", "--out", "ckpt"],
-                "rollout": ["--model", "m", "--envs", "v.jsonl", "--out", "r.jsonl"]}[command]
+                "rollout": ["--model", "m", "--envs", "v.jsonl", "--out", "r.jsonl"],
+                "validate": ["--designs", "d.jsonl", "--out", "v.jsonl"]}[command]
     param = next(p for p in cmd.params if new in (*p.opts, *p.secondary_opts))
     value = [] if param.is_flag else ["3"]
     with cmd.make_context(command, [*required, old, *value]) as ctx:
