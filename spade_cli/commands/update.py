@@ -93,7 +93,7 @@ def update(
     = False,
     keep_state_every: Annotated[int, _opt("--keep-state-every", "Prune the input's state unless its "
                                           "update count is a multiple of N (0: keep all).", _STATE, min=0)] = 0,
-    audit: Annotated[bool, _opt("--audit/--no-audit", "Weight-change audit in update.json.", _STATE)] = True,
+    audit: Annotated[bool, _opt("--weight-audit/--no-weight-audit", "Weight-change audit in update.json.", _STATE)] = True,
     max_staleness: Annotated[int | None, _opt("--max-staleness", "Refuse samples drawn more than N updates "
                                               "before --model (the pipelined loop passes 1).", _STATE, min=0)]
     = None,
