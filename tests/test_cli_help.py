@@ -231,3 +231,18 @@ def test_a_retired_option_name_parses_as_the_new_one(command: str, old: str, new
         with cmd.make_context(command, [*required, new, *value]) as expected:
             assert ctx.params[param.name] == expected.params[param.name]
     assert f"{old}` is deprecated; use {new}" in " ".join(capsys.readouterr().err.split())
+
+
+def _with_option(opt: str) -> list[str]:
+    return sorted(c for c in COMMANDS if opt in _options(c))
+
+
+def test_one_name_per_concept_and_the_old_names_still_parse() -> None:
+    assert "--envs" in _options("update") and "--designs" not in _options("update")  # as rollout, regret
+    assert {"design", "eval", "rollout"} <= set(_with_option("--max-tokens"))  # the cap of one reply
+    assert _with_option("--max-new-tokens") == _with_option("--max-completion-length") == []
+    assert _with_option("--max-steps") == ["update"]  # optimizer steps, TRL's name
+    assert _with_option("--audit") == []  # regret's --seed-audit, update's --weight-audit
+    retired = {("update", "--designs"), ("update", "--max-completion-length"), ("update", "--audit"),
+               ("update", "--no-audit"), ("rollout", "--max-new-tokens"), ("validate", "--max-steps")}
+    assert retired <= {(c, old) for c, names in cli.RENAMED.items() for old in names}
