@@ -101,7 +101,8 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", metavar="N", type=int, default=16,
+                    help="token cap of one reply, as in spade rollout")
     ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
     ap.add_argument("--model-load-s", type=float, default=1.0,
                     help="pause after the sandbox's start, standing in for the model load it overlaps")

@@ -26,7 +26,7 @@ from tests.test_update import make_artifacts
 make_artifacts(Path(sys.argv[1]), Path(sys.argv[1]) / "tiny")
 PY
 
-common=(--model "$WORK/tiny" --rollouts "$WORK/rollouts.jsonl" --designs "$WORK/validated.jsonl"
+common=(--model "$WORK/tiny" --rollouts "$WORK/rollouts.jsonl" --envs "$WORK/validated.jsonl"
         --scores "$WORK/scores.jsonl" --learning-rate 1e-4 --per-device-train-batch-size 4 --bf16)
 "$PYTHON" -m spade_cli update "${common[@]}" --out "$WORK/ckpt_full" --gradient-checkpointing --beta 0.04
 "$PYTHON" -m spade_cli update "${common[@]}" --out "$WORK/ckpt_lora" --lora --lora-r 8

@@ -259,7 +259,7 @@ for ((i = 0; i < ITERS; i++)); do
   [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
   [[ -f "$next.manifest.json" ]] || serve_sleep "$i"
   # shellcheck disable=SC2086
-  stage $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" \
+  stage $UPDATE_CMD update --model "$ckpt" --envs "$validated" --rollouts "$rollouts" \
     --scores "$scores" --out "$next" "${update_flags[@]}" $UPDATE_ARGS
 
   if ((eval_due)); then

@@ -142,10 +142,10 @@ for ((i = 0; i < ITERS; i++)); do
     ((stop == 0)) || exit 75
     # shellcheck disable=SC2086
     if [[ -n "$TRAIN_DEVICES" ]]; then
-      CUDA_VISIBLE_DEVICES="$TRAIN_DEVICES" $UPDATE_CMD update --model "$ckpt" --designs "$validated" \
+      CUDA_VISIBLE_DEVICES="$TRAIN_DEVICES" $UPDATE_CMD update --model "$ckpt" --envs "$validated" \
         --rollouts "$rollouts" --scores "$scores" --out "$next_ckpt" "${update_flags[@]}" $UPDATE_ARGS &
     else
-      $UPDATE_CMD update --model "$ckpt" --designs "$validated" --rollouts "$rollouts" --scores "$scores" \
+      $UPDATE_CMD update --model "$ckpt" --envs "$validated" --rollouts "$rollouts" --scores "$scores" \
         --out "$next_ckpt" "${update_flags[@]}" $UPDATE_ARGS &
     fi
     upd=$!

@@ -95,7 +95,7 @@ MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" EXTRA_ENVS="$suit
 N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" MAX_TURNS="$MAX_TURNS" REPLAY="$REPLAY" BACKEND=hf \
 EVAL_EVERY="$ITERS" EVAL_TASKS="$EVAL_TASKS" EVAL_ARGS="$EVAL_ARGS" \
 GROUNDING=0 DESIGN_ARGS="--temperature $DESIGN_TEMP --max-tokens 400 $PROMPT_ARGS" \
-ROLLOUT_ARGS="--max-new-tokens 16" BUDGET_PAIRS="" \
+ROLLOUT_ARGS="--max-tokens 16" BUDGET_PAIRS="" \
 UPDATE_ARGS="--learning-rate $AGENT_LR --agent-credit $AGENT_CREDIT --turn-gamma $TURN_GAMMA --agent-episodes $AGENT_TRAIN" \
   bash recipes/loop.sh
 took "loop.sh ($ITERS iterations, the last eval and the report)"

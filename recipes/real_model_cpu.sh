@@ -37,7 +37,7 @@ echo "== real_model_cpu: RUN=$RUN MODEL=$MODEL ITERS=$ITERS THREADS=$THREADS" \
 MODEL="$MODEL" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" BACKEND=hf \
 N_ENVS="${N_ENVS:-2}" GROUP="${GROUP:-2}" K="${K:-1}" MAX_TURNS="${MAX_TURNS:-2}" EVAL_EVERY=0 \
 DESIGN_ARGS="--max-tokens $DESIGN_TOKENS --excerpt-chars 300 ${DESIGN_ARGS:-}" \
-ROLLOUT_ARGS="--max-new-tokens $REPLY_TOKENS --no-thinking --max-concurrent 4 ${ROLLOUT_ARGS:-}" \
+ROLLOUT_ARGS="--max-tokens $REPLY_TOKENS --no-thinking --max-concurrent 4 ${ROLLOUT_ARGS:-}" \
 UPDATE_ARGS="${UPDATE_ARGS:-}" \
   bash recipes/loop.sh
 

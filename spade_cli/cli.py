@@ -36,9 +36,15 @@ TORCH_COMMANDS = {"design", "rollout", "regret", "update", "eval", "warmstart", 
 # names parse for one release with a deprecation note; help shows only the new ones. The option's
 # parameter keeps its name, so manifests and `--config` keys stay what they were.
 RENAMED: dict[str, dict[str, str]] = {
-    "regret": {"--audit": "--seed-audit", "--no-audit": "--no-seed-audit"},  # update's --audit: weights
+    "regret": {"--audit": "--seed-audit", "--no-audit": "--no-seed-audit"},
     "warmstart": {"--agent-episodes": "--solver-seeds"},  # update's --agent-episodes: which episodes
-    "eval": {"--max-steps": "--max-messages"},  # --max-steps: env steps (validate), optimizer steps (update)
+    "eval": {"--max-steps": "--max-messages"},  # --max-steps: optimizer steps (update)
+    "update": {"--designs": "--envs",  # the validated file, as in rollout and regret
+               # only dr_grpo's divisor here: stored episodes are trained, nothing is generated
+               "--max-completion-length": "--dr-grpo-length",
+               "--audit": "--weight-audit", "--no-audit": "--no-weight-audit"},  # regret's is the seed audit
+    "rollout": {"--max-new-tokens": "--max-tokens"},  # the cap of one reply, as in design and eval
+    "validate": {"--max-steps": "--max-env-steps"},  # update's --max-steps: optimizer steps (TRL's name)
 }
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
 NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads",

@@ -136,7 +136,7 @@ def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int, 
                 out[e]["form_replay"] = f
             return out
     except SandboxUnavailable as exc:
-        raise SpadeError(f"the seed audit needs the sandbox ({exc}); pass --no-audit to skip it") from None
+        raise SpadeError(f"the seed audit needs the sandbox ({exc}); pass --no-seed-audit to skip it") from None
 
 
 # -- the stage -------------------------------------------------------------------------------------

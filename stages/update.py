@@ -39,7 +39,7 @@ preemption) is different: the pass stops before its next optimizer step, saves i
 progress as ``OUT.partial-<confighash>/`` and exits 75; the rerun continues from there (on CPU,
 bitwise to the weights of an uninterrupted run).
 
-    spade update --model ckpt/iter_0000 --designs validated.jsonl --rollouts rollouts.jsonl \
+    spade update --model ckpt/iter_0000 --envs validated.jsonl --rollouts rollouts.jsonl \
       --scores scores.jsonl --out ckpt/iter_0001
 """
 
@@ -289,9 +289,9 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     if log is None or os.environ.get("RANK", "0") != "0":  # one log, not one per process
         log = lambda _msg: None  # noqa: E731
     if not cfg.rollouts and not cfg.designs:
-        raise SpadeError("nothing to train on: give --rollouts and/or --designs")
+        raise SpadeError("nothing to train on: give --rollouts and/or --envs")
     if cfg.designs and not cfg.scores:
-        raise SpadeError("--designs needs --scores (the Designer's reward comes from them)")
+        raise SpadeError("--envs needs --scores (the Designer's reward comes from them)")
     for name, value, allowed in (("loss_type", cfg.loss_type, grpo.LOSS_TYPES),
                                  ("scale_rewards", cfg.scale_rewards, grpo.SCALES),
                                  ("agent_episodes", cfg.agent_episodes, ("unhinted", "hinted", "both")),

@@ -61,7 +61,7 @@ def test_shards_split_the_budget_over_every_shards_envs(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_rollout_plays_the_budget_whatever_the_number_of_valid_designs(tiny_model: Path, tmp_path: Path) -> None:
-    common = ("--model", tiny_model, "--k", "2", "--max-turns", "1", "--max-new-tokens", "4", "--iteration", "3")
+    common = ("--model", tiny_model, "--k", "2", "--max-turns", "1", "--max-tokens", "4", "--iteration", "3")
     counts = {}
     for name, valid in (("all", [True, True, True]), ("one_invalid", [True, False, True])):
         path = tmp_path / f"{name}.jsonl"

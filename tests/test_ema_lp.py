@@ -102,7 +102,7 @@ def test_a_small_cpu_run_gives_valid_designs_a_spread_of_rewards(tiny_model: Pat
     envs = [_env(f"Parity{m}{r}", PARITY.format(m=m, r=r)) for m, r in ((2, 0), (2, 1), (3, 0), (3, 1), (4, 2))]
     v = _write(tmp_path / "validated.jsonl", envs)
     common = ("--envs", v, "--k", "4", "--max-turns", "1", "--iteration", "1", "--seed", "0",
-              "--max-new-tokens", "8", "--temperature", "1.0")
+              "--max-tokens", "8", "--temperature", "1.0")
     for model, out in ((tiny_model, "rollouts.jsonl"), (other, "lp_before.jsonl")):
         res = run_spade("rollout", "--model", model, *common, "--out", tmp_path / out, timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -106,7 +106,7 @@ def test_every_generating_stage_passes_the_engine_options_and_uses_every_gpu(tin
         "design": ["design", "--model", tiny_model, "--n", "8", "--group", "2", "--max-tokens", "16",
                    "--out", tmp_path / "designs.jsonl"],
         "rollout": ["rollout", "--model", tiny_model, "--envs", envs, "--k", "2", "--max-turns", "1",
-                    "--max-new-tokens", "8", "--out", tmp_path / "rollouts.jsonl"],
+                    "--max-tokens", "8", "--out", tmp_path / "rollouts.jsonl"],
         "eval": ["eval", "--model", tiny_model, "--tasks", f"envs:{envs}", "--k", "2", "--max-turns", "1",
                  "--max-tokens", "8", "--out", tmp_path / "eval.jsonl"],
     }

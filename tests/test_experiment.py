@@ -23,7 +23,7 @@ RECIPE = REPO / "recipes" / "experiment.sh"
 SMALL = {"ITERS": "2", "N_ENVS": "2", "GROUP": "2", "K": "2", "MAX_TURNS": "2", "EVAL_EVERY": "2",
          "EVAL_TASKS": "lm:spade_tiny_qa", "EVAL_LIMIT": "2", "EVAL_ARGS": "--max-tokens 4 --batch-size 2",
          "DESIGN_ARGS": "--max-tokens 6 --no-example --excerpt-chars 60 --memory-k 2",
-         "ROLLOUT_ARGS": "--max-new-tokens 8", "UPDATE_ARGS": "--learning-rate 1e-3"}
+         "ROLLOUT_ARGS": "--max-tokens 8", "UPDATE_ARGS": "--learning-rate 1e-3"}
 
 
 def _experiment(cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
@@ -97,7 +97,7 @@ exit 0
     env = {**{k: v for k, v in os.environ.items() if k not in ("POOL", "SIGNAL", "CONFIG", "DESIGN_ARGS")},
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "SPADE": str(fake), "MODEL": "org/m",
            "CORPUS": "my/corpus", "GROUP": "3", "ITERS": "0", "POOL_SIZE": "6", "BACKEND": "openai",
-           "BASE_URL": "http://127.0.0.1:9", "VALIDATE_ARGS": "--max-steps 8", "RUN": str(tmp_path / "run")}
+           "BASE_URL": "http://127.0.0.1:9", "VALIDATE_ARGS": "--max-env-steps 8", "RUN": str(tmp_path / "run")}
     res = subprocess.run(["bash", str(REPO / "recipes" / "baselines" / "static_pool.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -107,7 +107,7 @@ exit 0
                  "--corpus my/corpus", "--n 6", "--thinking", "--temperature 0.6", "--top-p 0.95",
                  "--think-tokens 4096"):
         assert flag in design, (flag, design)
-    assert next(c for c in calls if c.startswith("validate ")).endswith("--max-steps 8")
+    assert next(c for c in calls if c.startswith("validate ")).endswith("--max-env-steps 8")
     assert (tmp_path / "run" / "pool" / "valid.jsonl").read_text().strip() == '{"valid": true}'
 
 

@@ -90,7 +90,7 @@ def test_design_validate_rollout_step(smollm2, tmp_path):
     res = run_spade("validate", "--designs", designs, "--designs", pool, "--out", validated)
     assert res.returncode == 0, res.stderr
     res = run_spade("rollout", "--model", smollm2, "--envs", validated, "--k", 1, "--max-turns", 2,
-                    "--max-new-tokens", 16, "--no-thinking", "--out", tmp_path / "rollouts.jsonl")
+                    "--max-tokens", 16, "--no-thinking", "--out", tmp_path / "rollouts.jsonl")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["episodes"] >= 4 and summary["errors"] == 0

@@ -30,7 +30,7 @@ from tests.conftest import REPO
 
 SMALL = {"ITERS": "2", "N_ENVS": "2", "GROUP": "2", "K": "2", "MAX_TURNS": "2", "EVAL_EVERY": "0",
          "DESIGN_ARGS": "--max-tokens 6 --no-example --excerpt-chars 60 --memory-k 2",
-         "ROLLOUT_ARGS": "--max-new-tokens 8", "UPDATE_ARGS": "--learning-rate 1e-3"}
+         "ROLLOUT_ARGS": "--max-tokens 8", "UPDATE_ARGS": "--learning-rate 1e-3"}
 CONFIGS = {
     "default": {"EVAL_EVERY": "2", "EVAL_TASKS": "lm:spade_tiny_qa", "EVAL_LIMIT": "2",
                 "EVAL_ARGS": "--max-tokens 4 --batch-size 2"},

@@ -58,7 +58,7 @@ def test_sigterm_mid_rollout_exits_75_and_the_rerun_resumes_to_the_same_output(t
         # one episode at a time, 32 of them: the signal lands after the first row with most still to
         # play (with the default concurrency all 12 episodes of k=3 could finish before it)
         return ["rollout", "--model", str(tiny_model), "--envs", str(envs), "--k", "8", "--max-turns", "2",
-                "--max-new-tokens", "8", "--max-concurrent", "1", "--out", str(out)]
+                "--max-tokens", "8", "--max-concurrent", "1", "--out", str(out)]
 
     out = tmp_path / "rollouts.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "spade_cli", *argv(out)], stdout=subprocess.PIPE,
@@ -91,7 +91,7 @@ def test_sigterm_mid_rollout_exits_75_and_the_rerun_resumes_to_the_same_output(t
 def test_the_loop_passes_sigterm_to_its_stage_and_exits_75(tiny_model, tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "MODEL": str(tiny_model),
            "RUN": str(tmp_path / "run"), "POOL": "starter", "ITERS": "1", "N_ENVS": "2", "K": "3",
-           "MAX_TURNS": "2", "EVAL_EVERY": "0", "ROLLOUT_ARGS": "--max-new-tokens 8"}
+           "MAX_TURNS": "2", "EVAL_EVERY": "0", "ROLLOUT_ARGS": "--max-tokens 8"}
     proc = subprocess.Popen(["bash", str(REPO / "recipes" / "loop.sh")], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
@@ -111,7 +111,7 @@ def test_the_loop_passes_sigterm_to_its_stage_and_exits_75(tiny_model, tmp_path)
 
 
 def _update_argv(paths: dict, model: Path, out: Path) -> list[str]:
-    return ["update", "--model", str(model), "--designs", str(paths["validated"]), "--rollouts",
+    return ["update", "--model", str(model), "--envs", str(paths["validated"]), "--rollouts",
             str(paths["rollouts"]), "--scores", str(paths["scores"]), "--out", str(out), "--learning-rate", "1e-3",
             "--per-device-train-batch-size", "1", "--num-iterations", "4"]
 

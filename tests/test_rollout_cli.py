@@ -16,7 +16,7 @@ from stages.rollout import in_shard, load_envs, parse_shard
 from tests.conftest import run_spade
 from tests.test_rollout_envs import CRASHER, GUESS, HINT, RAISER, validation_row, write_envs
 
-FAST = ["--max-turns", "3", "--max-new-tokens", "8", "--max-episode-tokens", "1024"]
+FAST = ["--max-turns", "3", "--max-tokens", "8", "--max-episode-tokens", "1024"]
 
 
 def _rows(path):

@@ -23,7 +23,7 @@ def test_rollout_through_transformers_serve(serve, tiny_model, tmp_path):  # noq
     write_envs(envs, [validation_row(GUESS)])
     out = tmp_path / "rollouts.jsonl"
     res = run_spade("rollout", "--model", tiny_model, "--backend", "openai", "--base-url", serve,
-                    "--envs", envs, "--k", "3", "--out", out, "--max-turns", "3", "--max-new-tokens", "8",
+                    "--envs", envs, "--k", "3", "--out", out, "--max-turns", "3", "--max-tokens", "8",
                     "--max-concurrent", "4")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
@@ -57,7 +57,7 @@ def test_lockstep_stays_available_for_openai(serve, tiny_model, tmp_path):  # no
     write_envs(envs, [validation_row(GUESS)])
     out = tmp_path / "rollouts.jsonl"
     res = run_spade("rollout", "--model", tiny_model, "--backend", "openai", "--base-url", serve,
-                    "--envs", envs, "--k", "1", "--out", out, "--max-turns", "2", "--max-new-tokens", "4",
+                    "--envs", envs, "--k", "1", "--out", out, "--max-turns", "2", "--max-tokens", "4",
                     "--batching", "lockstep")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)

@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slurm,
 CPU_SBATCH = ["--gpus-per-node=0", "--cpus-per-task=1"]
 CPU_ENV = {"BACKEND": "hf", "UPDATE_CMD": "spade", "UPDATE_ARGS": "--learning-rate 1e-3", "POOL": "starter",
            "ITERS": "2", "N_ENVS": "2", "K": "2", "MAX_TURNS": "2", "EVAL_EVERY": "0",
-           "ROLLOUT_ARGS": "--max-new-tokens 8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+           "ROLLOUT_ARGS": "--max-tokens 8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ FLEET = {"SERVE": "1", "SERVER": "transformers", "SERVE_NODES": "1", "SERVE_HOST
 NO_FLEET = {"SERVE": "0", "ROLLOUT_BACKEND": "hf"}  # the shards load the model themselves
 DRIVER_ENV = {"BACKEND": "hf", **FLEET, "UPDATE_CMD": "spade", "UPDATE_ARGS": "--learning-rate 1e-3",
               "UPDATE_NODES": "1", "SHARDS": "2", "POOL": "starter", "ITERS": "2", "N_ENVS": "2", "K": "2",
-              "MAX_TURNS": "2", "ROLLOUT_ARGS": "--max-new-tokens 8", "EVAL_EVERY": "2",
+              "MAX_TURNS": "2", "ROLLOUT_ARGS": "--max-tokens 8", "EVAL_EVERY": "2",
               "EVAL_TASKS": "lm:spade_tiny_qa", "EVAL_LIMIT": "2", "EVAL_ARGS": "--max-tokens 4 --batch-size 2",
               "SBATCH_ARGS": " ".join(CPU_SBATCH), "POLL_S": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -251,7 +251,7 @@ def _array_head_task(cluster, cwd: Path) -> tuple[str, int] | None:
 @pytest.mark.slow
 def test_a_requeued_rollout_task_of_the_driver_resumes_to_the_same_artifacts(cluster, tiny_model, tmp_path):
     # one episode at a time, so that the shard's partial holds some episodes and misses others
-    env = {**NO_FLEET, "EVAL_EVERY": "0", "K": "4", "ROLLOUT_ARGS": "--max-new-tokens 8 --max-concurrent 1"}
+    env = {**NO_FLEET, "EVAL_EVERY": "0", "K": "4", "ROLLOUT_ARGS": "--max-tokens 8 --max-concurrent 1"}
     clean = _start_driver(cluster, tmp_path / "clean", tiny_model, **env)
     moved_dir = tmp_path / "moved"
     moved = _start_driver(cluster, moved_dir, tiny_model, **env)

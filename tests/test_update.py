@@ -208,7 +208,7 @@ def test_cli_end_to_end(artifacts: dict, tiny_model: Path, tmp_path: Path) -> No
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "iter_0001"
-    args = ["update", "--model", tiny_model, "--designs", artifacts["validated"], "--rollouts",
+    args = ["update", "--model", tiny_model, "--envs", artifacts["validated"], "--rollouts",
             f"{artifacts['rollouts'].parent}/rollouts*.jsonl", "--scores", artifacts["scores"], "--out", out,
             "--loss-type", "grpo", "--learning-rate", "1e-3", "--per-device-train-batch-size", "4",
             "--gradient-accumulation-steps", "2", "--agent-episodes", "both", "--beta", "0.04"]
@@ -248,7 +248,7 @@ def test_two_processes_match_one(artifacts: dict, tiny_model: Path, tmp_path: Pa
     import subprocess
     import sys
 
-    common = ["--model", str(tiny_model), "--rollouts", str(artifacts["rollouts"]), "--designs",
+    common = ["--model", str(tiny_model), "--rollouts", str(artifacts["rollouts"]), "--envs",
               str(artifacts["validated"]), "--scores", str(artifacts["scores"]), "--learning-rate", "1e-3"]
     one = run_spade("update", *common, "--out", tmp_path / "one", "--per-device-train-batch-size", "4")
     assert one.returncode == 0, one.stderr

@@ -70,7 +70,7 @@ def _launch(tmp: Path) -> tuple[list[str], dict]:
 
 
 def _common(artifacts: dict) -> list[str]:
-    return ["--rollouts", str(artifacts["rollouts"]), "--designs", str(artifacts["validated"]), "--scores",
+    return ["--rollouts", str(artifacts["rollouts"]), "--envs", str(artifacts["validated"]), "--scores",
             str(artifacts["scores"]), "--learning-rate", "1e-3", "--seed", "0"]
 
 

@@ -89,7 +89,7 @@ def test_cli_resumes_state_and_prunes(artifacts: dict, tiny_model: Path, tmp_pat
     marker that a later resume names, and the pruned checkpoint's consumers stay up to date."""
     from transformers import AutoModelForCausalLM
 
-    common = ["--rollouts", artifacts["rollouts"], "--designs", artifacts["validated"], "--scores",
+    common = ["--rollouts", artifacts["rollouts"], "--envs", artifacts["validated"], "--scores",
               artifacts["scores"], "--learning-rate", "1e-3", "--per-device-train-batch-size", "4"]
     a, b, fresh = tmp_path / "a", tmp_path / "b", tmp_path / "fresh"
     first = ["update", "--model", tiny_model, "--out", a, *common]

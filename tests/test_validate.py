@@ -99,7 +99,7 @@ def test_benign_envs_pass_and_manifest(tmp_path: Path) -> None:
     # a rerun is up to date; another config is refused without --force
     again = run_spade("validate", "--designs", tmp_path / "d.jsonl", "--out", out)
     assert again.returncode == 0 and json.loads(again.stdout)["status"] == "up to date"
-    other = run_spade("validate", "--designs", tmp_path / "d.jsonl", "--out", out, "--max-steps", "4")
+    other = run_spade("validate", "--designs", tmp_path / "d.jsonl", "--out", out, "--max-env-steps", "4")
     assert other.returncode == 1 and "--force" in other.stderr
 
 

@@ -62,7 +62,7 @@ class Thinking:
             got = tokenizer.encode(tag, add_special_tokens=False) if hasattr(tokenizer, "encode") else []
             if len(got) != 1:
                 raise SpadeError(f"reasoning budgets need {tag} as one token; this tokenizer splits it into "
-                                 f"{len(got)}: use --max-new-tokens alone (no --think-tokens) for this model")
+                                 f"{len(got)}: use --max-tokens alone (no --think-tokens) for this model")
             ids[tag] = got[0]
         forced = tuple(tokenizer.encode(self.close_text, add_special_tokens=False))
         return replace(self, open_id=ids["<think>"], close_id=ids["</think>"], forced=forced)

@@ -103,7 +103,7 @@ def rollout(
     base_url: BaseUrlOpt = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0, rich_help_panel=GEN)] = 1.0,
     top_p: Annotated[float, typer.Option("--top-p", min=0, max=1, rich_help_panel=GEN)] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Token cap of one reply.",
+    max_new_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Token cap of one reply.",
                                                 rich_help_panel=GEN)] = 512,
     enable_thinking: Annotated[bool, typer.Option(
         "--thinking/--no-thinking", help="Let the agent think (<think> block) before acting.",
@@ -113,7 +113,7 @@ def rollout(
         "--think-tokens", min=1, help="Reasoning budget of one reply; set: reasoning and answer "
         "are generated in two phases.", rich_help_panel=GEN)] = None,
     answer_tokens: Annotated[int | None, typer.Option(
-        "--answer-tokens", min=1, help="Answer budget with --think-tokens [default: --max-new-tokens].",
+        "--answer-tokens", min=1, help="Answer budget with --think-tokens [default: --max-tokens].",
         rich_help_panel=GEN)] = None,
     think_overflow: Annotated[Overflow, typer.Option(
         "--think-overflow", help="Reasoning out of budget: close (spade appends </think>, masked) "

@@ -26,7 +26,7 @@ def update(
     model: ModelOpt,
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write (atomically).",
                                       file_okay=False)],
-    designs: Annotated[list[str] | None, typer.Option("--designs", help="validated.jsonl / designs.jsonl; "
+    designs: Annotated[list[str] | None, typer.Option("--envs", help="validated.jsonl / designs.jsonl; "
                                                "repeat, comma-separate or glob.")] = None,
     rollouts: Annotated[list[str] | None, typer.Option("--rollouts", help="rollouts.jsonl or shards; repeat, "
                                                 "comma-separate or glob.")] = None,
@@ -66,7 +66,8 @@ def update(
     designer_weight: Annotated[float, _opt("--designer-weight", "Weight of the Designer's policy term.")] = 1.0,
     invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design that has no score row.")] = -1.0,
     max_completion_length: Annotated[int | None, _opt(
-        "--max-completion-length", "dr_grpo's normaliser (default: the longest completion).")] = None,
+        "--dr-grpo-length", "dr_grpo's per-sequence divisor, TRL's max_completion_length; caps nothing "
+        "(default: the longest completion).")] = None,
     learning_rate: Annotated[float, _opt("--learning-rate", "AdamW learning rate.", _OPT)] = 1e-6,
     lr_scheduler_type: Annotated[Literal["constant", "constant_with_warmup", "linear", "cosine"], _opt(
         "--lr-scheduler-type", "Over the whole run.", _OPT)] = "constant",
@@ -92,7 +93,7 @@ def update(
     = False,
     keep_state_every: Annotated[int, _opt("--keep-state-every", "Prune the input's state unless its "
                                           "update count is a multiple of N (0: keep all).", _STATE, min=0)] = 0,
-    audit: Annotated[bool, _opt("--audit/--no-audit", "Weight-change audit in update.json.", _STATE)] = True,
+    audit: Annotated[bool, _opt("--weight-audit/--no-weight-audit", "Weight-change audit in update.json.", _STATE)] = True,
     max_staleness: Annotated[int | None, _opt("--max-staleness", "Refuse samples drawn more than N updates "
                                               "before --model (the pipelined loop passes 1).", _STATE, min=0)]
     = None,
@@ -109,7 +110,7 @@ def update(
     trainer state beside it (trainer_state/: fp32 master weights, AdamW, scheduler, RNG) and
     update.json; given such a checkpoint as --model, the next update resumes its state.
 
-    Example: [bold]spade update --model ckpt/tiny --designs validated.jsonl --rollouts 'rollouts*.jsonl'
+    Example: [bold]spade update --model ckpt/tiny --envs validated.jsonl --rollouts 'rollouts*.jsonl'
     --scores scores.jsonl --out ckpt/iter_0001[/]
     """
     from stages import update as stage
@@ -144,7 +145,7 @@ def update(
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
     if not rollouts and not designs:
-        raise typer.BadParameter("give --rollouts and/or --designs", param_hint="--rollouts")
+        raise typer.BadParameter("give --rollouts and/or --envs", param_hint="--rollouts")
     summary = stage.run(cfg, force=force, log=lambda msg: console.print(msg, soft_wrap=True))
     if os.environ.get("RANK", "0") != "0":  # under accelerate launch / torchrun only rank 0 reports
         return

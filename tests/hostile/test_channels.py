@@ -222,7 +222,7 @@ def test_rollout_seeds_follow_the_envs_file(tmp_path: Path, tiny_model) -> None:
         envs, out = tmp_path / f"{name}.jsonl", tmp_path / f"r-{name}.jsonl"
         envs.write_text("".join(json.dumps(r) + "\n" for r in rows))
         res = run_spade("rollout", "--model", tiny_model, "--backend", "fake", "--envs", envs, "--k", "2",
-                        "--out", out, "--max-turns", "1", "--max-new-tokens", "2")
+                        "--out", out, "--max-turns", "1", "--max-tokens", "2")
         assert res.returncode == 0, res.stderr
         got = [json.loads(x) for x in out.read_text().splitlines()]
         mine = sorted({(r["pair"], r["seed"]) for r in got if r["env_id"] == eid})

@@ -374,7 +374,7 @@ def _rollout(tmp_path: Path, tiny_model, code: str, hint: str, k: int) -> tuple[
     envs, out = tmp_path / "v.jsonl", tmp_path / "r.jsonl"
     envs.write_text(json.dumps(row) + "\n")
     res = run_spade("rollout", "--model", tiny_model, "--backend", "fake", "--envs", envs, "--k", str(k),
-                    "--out", out, "--max-turns", "2", "--max-new-tokens", "4")
+                    "--out", out, "--max-turns", "2", "--max-tokens", "4")
     assert res.returncode == 0, res.stderr
     return [json.loads(x) for x in out.read_text().splitlines()], out
 
