@@ -69,6 +69,17 @@ def _log(cwd: Path) -> str:
     return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(cwd.glob("job-*.out")))
 
 
+def _term_and_requeue(cluster, job: str, cwd: Path) -> None:
+    """SIGTERM to the job's batch shell, as the time limit sends it: the loop stops at a boundary and
+    the job requeues itself once."""
+    cluster.run("scancel", "--batch", "--signal=TERM", job)
+    deadline = time.time() + 300
+    while cluster.job(job).get("Restarts") in (None, "0") and time.time() < deadline:
+        time.sleep(0.2)
+    assert cluster.job(job).get("Restarts") == "1", _log(cwd)
+    assert "stopped on SIGTERM: requeueing" in _log(cwd)
+
+
 def _when(cluster, job: str, cwd: Path, pattern: str, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -89,12 +100,7 @@ def test_single_node_finishes_and_a_preempted_or_requeued_job_resumes_to_the_sam
 
     # 1. SIGTERM to the batch shell mid-rollout: the loop stops at a boundary, exits 75, the job requeues
     _when(cluster, moved, tmp_path / "moved", "run/iter_0000/rollouts.jsonl.partial-*")
-    cluster.run("scancel", "--batch", "--signal=TERM", moved)
-    deadline = time.time() + 300
-    while cluster.job(moved).get("Restarts") in (None, "0") and time.time() < deadline:
-        time.sleep(0.2)
-    assert cluster.job(moved).get("Restarts") == "1", _log(tmp_path / "moved")
-    assert "stopped on SIGTERM: requeueing" in _log(tmp_path / "moved")
+    _term_and_requeue(cluster, moved, tmp_path / "moved")
 
     # 2. `scontrol requeue` of the running job in iteration 1
     _when(cluster, moved, tmp_path / "moved", "run/iter_0001/validated.jsonl.manifest.json")

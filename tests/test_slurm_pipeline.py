@@ -13,14 +13,13 @@ with the CPU settings of tests/test_slurm.py and 3 iterations:
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from tests import slurm_cluster
 from tests.test_loop import _artifacts
-from tests.test_slurm import NO_FLEET, _driver, _driver_log, _log, _queue, _submit, _when
+from tests.test_slurm import NO_FLEET, _driver, _driver_log, _log, _queue, _submit, _term_and_requeue, _when
 from tests.test_slurm import pytestmark as slurm_marks
 
 pytestmark = slurm_marks
@@ -51,12 +50,7 @@ def test_single_node_pipelined_finishes_and_a_job_stopped_in_both_lanes_resumes_
     moved = _submit(cluster, tmp_path / "moved", tiny_model, **PIPELINED)
     # iteration 2 generates only while update(1) runs or after it: stop the job there
     _when(cluster, moved, tmp_path / "moved", "run/iter_0002/designs.jsonl.manifest.json")
-    cluster.run("scancel", "--batch", "--signal=TERM", moved)
-    deadline = time.time() + 300
-    while cluster.job(moved).get("Restarts") in (None, "0") and time.time() < deadline:
-        time.sleep(0.2)
-    assert cluster.job(moved).get("Restarts") == "1", _log(tmp_path / "moved")
-    assert "stopped on SIGTERM: requeueing" in _log(tmp_path / "moved")
+    _term_and_requeue(cluster, moved, tmp_path / "moved")
 
     for job, cwd in ((clean, tmp_path / "clean"), (moved, tmp_path / "moved")):
         info = cluster.wait(job)
