@@ -8,7 +8,7 @@ Two measurements, both through the real stage core (``stages.validate.run``) in 
   from the row's ``stats.returns``), and by the confirmed rule when its reason is ``trivial``.
 * every reward-hack check (``trivial``, ``hint_is_answer``, ``answer_table``, ``format_only``) on
   the bundled pool, the starter envs, the tests' benign envs and the quickstart's family designs
-  (``spade_cli/family.py``): how many rows each check rejects, and the probe episodes it played.
+  (``spade_cli/envs/family.py``): how many rows each check rejects, and the probe episodes it played.
 
 Prints one JSON line. Example::
 
@@ -71,8 +71,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=300, help="guessing-game files for the trivial measurement")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
-    from spade_cli import family
-    from spade_cli import pool as pools
+    from spade_cli.envs import family
+    from spade_cli.envs import pool as pools
 
     tests = Path(__file__).resolve().parents[1] / "tests" / "envs_benign"
     benign = [{"name": n, "code": (tests / n).read_text(), "hint": h}

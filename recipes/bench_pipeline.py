@@ -5,7 +5,7 @@ What is measured is the schedule of the two loop scripts, not the stages: both r
 ``SPADE`` and ``UPDATE_CMD`` pointing at a stand-in script (bash: starting Python would cost more
 than a short stage). A stand-in stage sleeps for a set time and writes its ``--out`` (and
 ``--memory-out``, ``--replay-out``) with a manifest, so the loops' restart checks see finished
-work; ``spade paths`` is answered from tables written beforehand by the real ``spade_cli.layout``. Generation (design + validate + rollout + regret) and the update take
+work; ``spade paths`` is answered from tables written beforehand by the real ``spade_cli.core.layout``. Generation (design + validate + rollout + regret) and the update take
 ``--gen-s`` and ``--train-s`` seconds per iteration (equal by default, the case the pipelined
 loop is built for: on one node, generation and training on separate GPUs). Sleeping stand-ins
 leave the CPU free, as GPU stages would.
@@ -39,7 +39,7 @@ GEN_SHARE = {"design": 0.25, "validate": 0.05, "rollout": 0.6, "regret": 0.1}
 
 
 # The stand-in `spade`, in bash: a Python start costs more than a short stage on a loaded machine.
-# `paths` prints tables written beforehand from spade_cli.layout (the one place that derives paths).
+# `paths` prints tables written beforehand from spade_cli.core.layout (the one place that derives paths).
 STAND_IN = r"""#!/usr/bin/env bash
 set -euo pipefail
 cmd=$1; shift
@@ -69,7 +69,7 @@ done
 
 
 def write_tables(tables: Path, runs: list[Path], iters: int) -> None:
-    from spade_cli.layout import RunLayout
+    from spade_cli.core.layout import RunLayout
 
     tables.mkdir()
     for run in runs:

@@ -48,7 +48,7 @@ def generate(d: Path, n_rows: int, n_envs: int, prompt: int, completion: int) ->
         code = f"class Env{i}(gym.Env):\n    # task {i} about {rng.choice(['mazes', 'ciphers', 'ledgers'])}\n"
         envs.append({"schema": "spade.validation/1", "code": code, "hint": f"hint {i}", "title": f"Env {i}",
                      "iteration": 0, "valid": True, "reason": None})
-    from spade_cli.records import env_id_for
+    from spade_cli.core.records import env_id_for
 
     ids = [env_id_for(e["code"], e["hint"]) for e in envs]
     vpath = d / "validated.jsonl"

@@ -83,7 +83,7 @@ class InProcessPool:
 
 
 def play(backend, pool, envs, args, env_error):
-    from spade_cli.episodes import Engine, PlayConfig, episode_specs
+    from spade_cli.rollout.episodes import Engine, PlayConfig, episode_specs
 
     cfg = PlayConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_concurrent=4096,
                      max_episode_tokens=100_000, seed=0)
@@ -110,10 +110,10 @@ def main() -> None:
                     help="the baseline: no env processes forked ahead for the first tick")
     args = ap.parse_args()
 
-    from spade_cli import tinymodel
     from spade_cli.backends import load_backend
-    from spade_cli.episodes import EnvSource
-    from spade_cli.records import env_id_for
+    from spade_cli.core.records import env_id_for
+    from spade_cli.models import tinymodel
+    from spade_cli.rollout.episodes import EnvSource
     from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -96,7 +96,7 @@ def swap(a: Path, b: Path, work: Path) -> dict:
 
 
 def main() -> None:
-    from spade_cli import tinymodel
+    from spade_cli.models import tinymodel
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -2,7 +2,7 @@
 
 Why `spade --threads` exists: an OpenMP thread whose partner lost its core spin-waits at every
 barrier. Each case runs in a fresh process (the thread count is fixed before torch is imported, as
-spade_cli/threads.py does): a small matmul loop and a greedy generate of a random two-layer Qwen3,
+spade_cli/core/threads.py does): a small matmul loop and a greedy generate of a random two-layer Qwen3,
 each with 1 and 2 threads, first alone, then beside a burner process spinning on one core. The
 baseline is 1 thread in the same condition, measured in the same run; the figure is the time
 ratio 2 threads / 1 thread (above 1: the second thread hurts). Medians of REPEATS runs.

@@ -39,7 +39,7 @@ def make_samples(model_dir: Path, n: int, group: int, prompt_len: int, completio
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from spade_cli.grpo import Sample
+    from spade_cli.training.grpo import Sample
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -67,7 +67,7 @@ def bench_spade(model_dir: Path, samples: list, batch: int, state_dir: Path) -> 
 
     import torch
 
-    from spade_cli import grpo
+    from spade_cli.training import grpo
     from stages import update, update_train
 
     samples = copy.deepcopy(samples)
@@ -146,7 +146,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = a.model
         if model_dir is None:
-            from spade_cli import tinymodel
+            from spade_cli.models import tinymodel
 
             model_dir = Path(tmp) / "tiny"
             tinymodel.build(model_dir, size="tiny")

@@ -30,7 +30,7 @@ def build(work: Path, shape: str, seed: int) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from spade_cli import tinymodel
+    from spade_cli.models import tinymodel
 
     tinymodel.build(work / "tokenizer", size="tiny", seed=seed)  # offline tokenizer and chat template
     tok = AutoTokenizer.from_pretrained(work / "tokenizer")

@@ -7,10 +7,10 @@
 #
 # 1. `spade init-model --size small`: a random 13M-parameter Qwen3 with a locally trained tokenizer.
 # 2. `spade warmstart --pool family --agent-pool starter`: a short SFT of both roles in one run.
-#    The Designer: WARM_EPOCHS passes over 52 generated short envs of one skeleton (spade_cli/family.py)
+#    The Designer: WARM_EPOCHS passes over 52 generated short envs of one skeleton (spade_cli/envs/family.py)
 #    as targets of the prompts `spade design` builds (the five-line contract, no document, a
 #    practice memory every other pass). The Agent: the episodes of scripted solvers of the four
-#    starter envs (spade_cli/solvers.py), AGENT_EPISODES seeds each (a share AGENT_NOISE of their
+#    starter envs (spade_cli/envs/solvers.py), AGENT_EPISODES seeds each (a share AGENT_NOISE of their
 #    replies random, none by default). 16 seeds teach the answer words and few of the rules (a
 #    held-out return near 0.07), which leaves RL room; 48 beside 10 Designer passes taught most of
 #    them (0.74), as 192 did alone (docs/results.md). (A real run starts from a Qwen3 checkpoint and skips this.)

@@ -48,7 +48,7 @@ RENAMED: dict[str, dict[str, str]] = {
 }
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
 NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads",
-                # vLLM engine options (spade_cli/engine.py): recorded under the manifest's "engine"
+                # vLLM engine options (spade_cli/backends/engine.py): recorded under the manifest's "engine"
                 "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
                 "enable_prefix_caching", "enforce_eager", "engine_arg",
                 "accept_foreign_server"}  # recorded under the manifest's "server"
@@ -93,9 +93,9 @@ BaseUrlOpt = Annotated[
 ]
 # Fixed choices as Literal types: help lists them and click refuses any other value (exit 2).
 # tests/test_cli_help.py checks each against the constant of the module that acts on the value.
-Signal = Literal["regret", "ema_lp", "learnability"]  # spade_cli.curriculum.SIGNALS
+Signal = Literal["regret", "ema_lp", "learnability"]  # spade_cli.designer.curriculum.SIGNALS
 Overflow = Literal["close", "end"]  # spade_cli.backends.thinking.OVERFLOW
-Contract = Literal["full", "short"]  # spade_cli.prompts.CONTRACTS
+Contract = Literal["full", "short"]  # spade_cli.designer.prompts.CONTRACTS
 Tier = Literal["auto", "process", "strong"]  # "auto" or spade_cli.sandbox.config.TIERS
 MinTier = Literal["process", "strong"]  # spade_cli.sandbox.config.TIERS
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
@@ -137,7 +137,7 @@ class SpadeCommand(TyperCommand):
     none for a switch) unless a command set one, and docstring paragraphs joined into one line
     each so that rich wraps them to the terminal (a paragraph starting with \\b keeps its lines).
 
-    Every command also takes ``--threads`` (spade_cli/threads.py), applied before the command's
+    Every command also takes ``--threads`` (spade_cli/core/threads.py), applied before the command's
     body runs, hence before it imports torch. Help shows it only where torch is loaded; elsewhere
     it stays accepted (scripts, ``SPADE_THREADS``, a shared ``--config``) and changes nothing.
     """
@@ -171,7 +171,7 @@ class SpadeCommand(TyperCommand):
         return super().parse_args(ctx, out)
 
     def invoke(self, ctx: typer.Context) -> Any:
-        from spade_cli import threads
+        from spade_cli.core import threads
 
         n, source = threads.resolve(ctx.params.pop("threads", None), ctx.info_name or "", ctx.params)
         threads.apply(n, source)
@@ -221,7 +221,7 @@ def check_model(value: str) -> str:
 
 
 def _check_threads(ctx: typer.Context, param: Any, value: str | None) -> int | None:
-    from spade_cli import threads
+    from spade_cli.core import threads
 
     try:
         return threads.parse(value)
@@ -247,7 +247,7 @@ def resolved_config(ctx: typer.Context) -> dict[str, Any]:
         if key in NON_SEMANTIC:
             continue
         out[key] = str(val) if isinstance(val, Path) else val
-    from spade_cli.artifacts import later_defaults_dropped
+    from spade_cli.core.artifacts import later_defaults_dropped
 
     return later_defaults_dropped(out, ctx.command.name or "")
 
@@ -261,8 +261,8 @@ def emit(summary: dict) -> None:
 def command(fn: Callable) -> Callable:
     """Turn a SpadeError (or a broken pipe) into a one-line message and exit 1 (2 for usage, 75 for
     SIGTERM), never a traceback."""
-    from spade_cli import locks, preempt
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core import locks, preempt
+    from spade_cli.core.artifacts import SpadeError
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -27,8 +27,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import read_rows
-from spade_cli.records import FAILED_PREFIX, Design, Eval, Memory, Record, Rollout, Score, Validation, to_row
+from spade_cli.core.artifacts import read_rows
+from spade_cli.core.records import (
+    FAILED_PREFIX,
+    Design,
+    Eval,
+    Memory,
+    Record,
+    Rollout,
+    Score,
+    Validation,
+    to_row,
+)
 
 TOP = 10  # rows of a "most/top" list in the summary
 
@@ -239,7 +249,7 @@ class Memories:
         self.flags: Counter[str] = Counter()
 
     def add(self, rec: Memory) -> None:
-        from spade_cli.prompts import label  # the labels the Designer's prompt shows
+        from spade_cli.designer.prompts import label  # the labels the Designer's prompt shows
 
         self.history.append(len(rec.history))
         last = rec.history[-1] if rec.history else {}

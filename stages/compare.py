@@ -15,7 +15,7 @@ Vendi/n, Agent episodes and Agent tokens are averaged over the iterations that h
 Across the seeds of an arm a cell is ``mean ± h`` with h the half-width of a 95% confidence interval
 from the t-distribution with n-1 degrees of freedom; an arm with one seed has no interval and the
 cell says ``n=1``. The comparison is only fair at equal budgets (fixed pools are dealt to
-``--n`` environments, ``spade_cli.pool``), so the episodes and tokens per iteration are rows of
+``--n`` environments, ``spade_cli.envs.pool``), so the episodes and tokens per iteration are rows of
 the table, and an arm whose Agent episodes or tokens per iteration differ from the reference
 arm's (``spade`` when present, else the first) by more than ``budget_tol`` is marked ``†``, with a
 bold warning at the top of the markdown. Each run's ``settings.json`` (written by
@@ -37,8 +37,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, atomic_write_text
-from spade_cli.layout import RunLayout
+from spade_cli.core.artifacts import SpadeError, atomic_write_text
+from spade_cli.core.layout import RunLayout
 from stages import report
 
 BUDGET_ROWS = [("episodes", "Agent episodes / iteration"), ("agent_tokens", "Agent tokens / iteration")]

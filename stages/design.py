@@ -5,9 +5,9 @@ Inputs: a model (any backend), a corpus for grounding, the environment memory. O
 ``group`` samples of one group share a prompt and a ``group_id`` and form one GRPO group when the
 Designer is updated.
 
-For each group a document is picked from the corpus (``spade_cli.corpus``: hash of the document id,
+For each group a document is picked from the corpus (``spade_cli.designer.corpus``: hash of the document id,
 seed, iteration and group, so the same seed gives the same documents on any machine) and cut to an
-excerpt; the prompt (``spade_cli.prompts``) carries the environment contract, one worked example from
+excerpt; the prompt (``spade_cli.designer.prompts``) carries the environment contract, one worked example from
 the bundled pool, the excerpt and a summary of the memory. All prompts go to the backend in one
 batched call (``chunk`` splits it, trading throughput for finer resume points), with ``group``
 samples each. Every completion becomes a row, parsed or not: a parse failure sets ``parse_error``
@@ -20,7 +20,7 @@ like the Agent's turns. A reply that never leaves its reasoning is a failed desi
 so the Designer's update trains only on sampled tokens.
 
 With ``pool`` set no model is involved: rows come from a folder, a JSONL file of designs or
-reasoning-gym tasks (``spade_cli.pool``). That is the paper's fixed-pool baseline.
+reasoning-gym tasks (``spade_cli.envs.pool``). That is the paper's fixed-pool baseline.
 
 Compared with the paper this stage simplifies in two ways: the memory summary is a fixed text
 block of the K most recent environments (no retrieval by similarity to the document), and a
@@ -37,10 +37,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from spade_cli import corpus as corpus_mod
-from spade_cli import pool as pool_mod
-from spade_cli import prompts
-from spade_cli.artifacts import (
+from spade_cli.backends.thinking import Thinking, generate_thinking, unanswered
+from spade_cli.core.artifacts import (
     InputError,
     SpadeError,
     atomic_write_text,
@@ -48,8 +46,10 @@ from spade_cli.artifacts import (
     later_defaults_dropped,
     read_records,
 )
-from spade_cli.backends.thinking import Thinking, generate_thinking, unanswered
-from spade_cli.records import FAILED_PREFIX, Design, failed_design_id  # noqa: F401  (FAILED_PREFIX: re-exported)
+from spade_cli.core.records import FAILED_PREFIX, Design, failed_design_id  # noqa: F401  (FAILED_PREFIX: re-exported)
+from spade_cli.designer import corpus as corpus_mod
+from spade_cli.designer import prompts
+from spade_cli.envs import pool as pool_mod
 
 # The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
 EXAMPLE_ENV = "ledger_reconcile"
@@ -158,7 +158,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
     reasoning and answer get their own budgets (``spade_cli.backends.thinking``), the answer
     ``answer_tokens`` (default ``max_tokens``); a pool ignores them, as it ignores sampling.
     """
-    from spade_cli.artifacts import Stage
+    from spade_cli.core.artifacts import Stage
 
     if n < 1 or group < 1 or (pool is None and n % group):
         raise ValueError(f"--n ({n}) must be a positive multiple of --group ({group})")

@@ -2,7 +2,7 @@
 
 Inputs: a checkpoint (a Hugging Face directory or, with ``--backend openai``, the model name a
 server knows) and a list of task specs (``lm:``, ``rg:``, ``envs:``, ``bfcl:``, ``tau2:``,
-``evalscope:``; see ``spade_cli.evaluators``, ``spade_cli.eval_bfcl``, ``spade_cli.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
+``evalscope:``; see ``spade_cli.evaluation.evaluators``, ``spade_cli.evaluation.eval_bfcl``, ``spade_cli.evaluation.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
 model, backend, harness}``, plus each harness's own files beside it (``eval.jsonl.lm_eval/``,
 ``eval.jsonl.rg/``, ``eval.jsonl.bfcl/``, ``eval.jsonl.tau2/``, ``eval.jsonl.evalscope/``).
 
@@ -10,7 +10,7 @@ The unit of resumption is one task spec: its rows are appended to the partial ou
 the whole task has finished, so a run killed during the third task redoes only that task.
 ``compare`` puts two eval files side by side (B minus A), the basis of before/after tables.
 
-The ``lm:`` and ``rg:`` adapters live in ``spade_cli.evaluators``; the ``evalscope:`` adapter (a
+The ``lm:`` and ``rg:`` adapters live in ``spade_cli.evaluation.evaluators``; the ``evalscope:`` adapter (a
 subprocess against an OpenAI-compatible server) and the ``envs:`` adapter (the rollout core) are
 here, with ``ADAPTERS``, the registry from spec kind to adapter.
 
@@ -35,8 +35,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_records
-from spade_cli.evaluators import (
+from spade_cli.core.artifacts import SpadeError, Stage, expand_inputs, read_records
+from spade_cli.core.records import Eval, parse
+from spade_cli.evaluation.evaluators import (
     PAPER_PRESET,
     EvalContext,
     TaskSpec,
@@ -48,17 +49,20 @@ from spade_cli.evaluators import (
     run_lm,
     run_rg,
 )
-from spade_cli.records import Eval, parse
 
 
 def run_bfcl(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
-    from spade_cli.eval_bfcl import run_bfcl as adapter  # bfcl-eval is imported only when asked for
+    from spade_cli.evaluation.eval_bfcl import (
+        run_bfcl as adapter,  # bfcl-eval is imported only when asked for
+    )
 
     return adapter(spec, ctx)
 
 
 def run_tau2(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
-    from spade_cli.eval_tau2 import run_tau2 as adapter  # tau2 and LiteLLM are imported only when asked for
+    from spade_cli.evaluation.eval_tau2 import (
+        run_tau2 as adapter,  # tau2 and LiteLLM are imported only when asked for
+    )
 
     return adapter(spec, ctx)
 
@@ -135,7 +139,7 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     episodes go to ``OUT.envs/<suite>.rollouts.jsonl``, resumable like any rollout.
     """
     try:
-        from spade_cli.episodes import PlayConfig
+        from spade_cli.rollout.episodes import PlayConfig
         from spade_cli.sandbox import SandboxPool  # noqa: F401 - the rollout core needs it
         from stages import rollout
     except ImportError as exc:

@@ -24,8 +24,8 @@ import json
 import shutil
 from pathlib import Path
 
-from spade_cli.artifacts import SpadeError, atomic_write_text, manifest_path
-from spade_cli.layout import RunLayout
+from spade_cli.core.artifacts import SpadeError, atomic_write_text, manifest_path
+from spade_cli.core.layout import RunLayout
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json", "*.bin.index.json")
 MARKER = "pruned.json"
@@ -60,7 +60,7 @@ def protected(layout: RunLayout, j: int, latest: int, keep_ckpts: int, eval_ever
 
 def _drop_state(ckpt: Path) -> int:
     """Delete a trainer state but its counters file, marked pruned; returns the bytes freed."""
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     state = trainer_state.find(str(ckpt))
     if state is None or state.get("pruned"):
@@ -96,7 +96,7 @@ def prune(run: str | Path, iteration: int, keep_ckpts: int = 2, keep_state_every
         raise SpadeError(f"--keep-ckpts must be at least 1 (the latest checkpoint), got {keep_ckpts}")
     if keep_state_every < 0 or eval_every < 0:
         raise SpadeError("--keep-state-every and --eval-every must be 0 (off) or positive")
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     layout = RunLayout(run)
     latest = iteration + 1

@@ -29,7 +29,7 @@ written again from the same inputs. The loop names the versions through ``spade 
 
 Rollouts are streamed: each line is hashed for the manifest and parsed in the same pass, and the
 token arrays (the bulk of every row) are cut out unparsed when they form a flat object of numbers,
-so 100k rows take seconds (recipes/bench_regret.py; the scan lives in ``spade_cli.rollout_scan``).
+so 100k rows take seconds (recipes/bench_regret.py; the scan lives in ``spade_cli.rollout.rollout_scan``).
 Only (env_id, hinted, pair, return, error) is kept per episode; a repeated ``episode_id`` is counted
 once when identical and refused when not. Formulas and design choices: docs/regret.md.
 
@@ -46,8 +46,8 @@ import json
 import time
 from pathlib import Path
 
-from spade_cli import curriculum, diversity
-from spade_cli.artifacts import (
+from spade_cli.checks import diversity
+from spade_cli.core.artifacts import (
     InputError,
     SpadeError,
     Stage,
@@ -59,14 +59,15 @@ from spade_cli.artifacts import (
     sha256_file,
     write_jsonl,
 )
-from spade_cli.episodes import seed_key, seed_material
-from spade_cli.records import (
+from spade_cli.core.records import (
     Memory,
     Score,
     Validation,
     to_row,
 )
-from spade_cli.rollout_scan import scan_rollouts
+from spade_cli.designer import curriculum
+from spade_cli.rollout.episodes import seed_key, seed_material
+from spade_cli.rollout.rollout_scan import scan_rollouts
 
 STAGE = "regret"
 
@@ -116,7 +117,7 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
 
 def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int, key: str) -> dict[str, dict]:
     """``audits.seed_invariance`` for every valid env with a successful hinted episode."""
-    from spade_cli import audits
+    from spade_cli.checks import audits
 
     where = {e: st["best_at"] for e, st in per_env.items()
              if e in valid and valid[e].code and st.get("best_ret", 0.0) >= audits.SOLVED}

@@ -1,6 +1,6 @@
 """`spade report`: one row per iteration of a run, as CSV, JSONL and PNG plots.
 
-Input: a run directory (``spade_cli.layout.RunLayout``). For each iteration it reads what exists
+Input: a run directory (``spade_cli.core.layout.RunLayout``). For each iteration it reads what exists
 and leaves the rest empty, so a run that is still going (or died) reports what it has:
 
 - ``designs.jsonl``: designs and parse failures.
@@ -39,9 +39,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import atomic_write_text, manifest_path, read_rows
-from spade_cli.layout import RunLayout
-from spade_cli.records import Design, Eval, Rollout, Score, Validation
+from spade_cli.core.artifacts import atomic_write_text, manifest_path, read_rows
+from spade_cli.core.layout import RunLayout
+from spade_cli.core.records import Design, Eval, Rollout, Score, Validation
 
 CACHE_VERSION = 4
 
@@ -268,7 +268,7 @@ def columns_of(rows: list[dict]) -> list[str]:
 
 def run(run_dir: str | Path, plots: bool = True) -> dict:
     """Build the per-iteration table and its files; returns the summary (rows included)."""
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     layout = RunLayout(Path(run_dir))
     if not layout.root.is_dir():

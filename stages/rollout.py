@@ -35,8 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import (
+from spade_cli.core.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
+from spade_cli.core.layout import parse_shard
+from spade_cli.core.records import ERROR_RETURN_RANGE, Validation
+from spade_cli.rollout.episodes import (
     Engine,
     EnvSource,
     PlayConfig,
@@ -46,8 +48,6 @@ from spade_cli.episodes import (
     seed_key,
     seed_material,
 )
-from spade_cli.layout import parse_shard
-from spade_cli.records import ERROR_RETURN_RANGE, Validation
 
 
 def in_shard(env_id: str, shard: tuple[int, int]) -> bool:
@@ -172,7 +172,7 @@ def run(
     checked: dict[str, Any] = {}
     if todo:
         from spade_cli.backends import load_backend
-        from spade_cli.records import to_row
+        from spade_cli.core.records import to_row
         from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
         from spade_cli.sandbox.supervisor import heavy_imports
 

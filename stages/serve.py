@@ -45,9 +45,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, atomic_write_text, fingerprint
-from spade_cli.engine import EngineOptions, visible_gpus
-from spade_cli.layout import RunLayout
+from spade_cli.backends.engine import EngineOptions, visible_gpus
+from spade_cli.core.artifacts import SpadeError, atomic_write_text, fingerprint
+from spade_cli.core.layout import RunLayout
 
 SERVED_NAME = "spade"
 

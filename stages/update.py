@@ -11,8 +11,10 @@ Samples and groups:
   unhinted episodes by default (``agent_episodes``); with ``both`` the hinted episodes form their
   own groups, because the hint shifts every return and a shared baseline would reward "having
   the hint" instead of the actions. Environment tokens (``env_mask`` 0) are scored by nobody.
-  Episodes with an ``error`` are left out: every reason code is an environment or sandbox failure
-  (docs/architecture.md, 'Reason codes'), and punishing the actions that happened to hit a bug teaches nothing.
+  An episode with an ``error`` counts as return 0 over the tokens the Agent generated before the
+  failure, as regret scores it, so crashing an env never pays more than playing it badly; an env
+  whose score row flags ``rollout_errors`` (too many failures: docs/architecture.md, 'Reason
+  codes') is left out, since its episodes teach nothing.
   With ``agent_credit`` ``turn`` each reply is credited with its own discounted reward-to-go
   instead (``stages.update_samples``).
 - Designer: one sample per design with tokens, grouped by ``group_id`` (designs sampled from
@@ -22,12 +24,12 @@ Samples and groups:
 - Groups with zero reward spread are dropped; the rest get ``grpo.group_advantages``.
 
 The loop is spade's own, not ``GRPOTrainer``: TRL has no offline mode and the two roles have
-different masks and groupings in one batch. The loss is TRL's, term by term (``spade_cli.grpo``),
+different masks and groupings in one batch. The loss is TRL's, term by term (``spade_cli.training.grpo``),
 with old log-probs recomputed by the trainer and TRL's sampler correction (TIS) against the stored
 sampler log-probs; log-probs come from TRL's fused LM head at each sample's temperature; device
 placement, gradient accumulation, DeepSpeed and FSDP come from accelerate, so ``accelerate launch``
 works unchanged. Modules: ``stages.update_samples`` (rows -> samples), ``stages.update_train``
-(set-up and the optimizer pass), ``spade_cli.trainer_state`` (what survives between updates),
+(set-up and the optimizer pass), ``spade_cli.training.trainer_state`` (what survives between updates),
 ``stages.update_staleness`` (which checkpoint drew the samples and how many updates behind ``--model``
 it is: 1 in the pipelined loop, recorded in ``update.json`` and bounded by ``--max-staleness``).
 
@@ -49,72 +51,26 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade_cli import preempt
-from spade_cli.artifacts import SpadeError, Stage, atomic_write_text, expand_inputs, later_defaults_dropped
+from spade_cli.core import preempt
+from spade_cli.core.artifacts import (
+    SpadeError,
+    Stage,
+    atomic_write_text,
+    expand_inputs,
+    later_defaults_dropped,
+)
 from stages import update_staleness
+from stages.update_config import UpdateConfig
 from stages.update_samples import collect_samples
 
-if TYPE_CHECKING:  # spade_cli.grpo imports torch: only inside functions here
-    from spade_cli.grpo import Sample
+if TYPE_CHECKING:  # spade_cli.training.grpo imports torch: only inside functions here
+    from spade_cli.training.grpo import Sample
 
 __all__ = ["UpdateConfig", "collect_samples", "run", "train"]
-
-
-@dataclass
-class UpdateConfig:
-    """The knobs, named as in TRL's GRPOConfig where one exists."""
-
-    model: str
-    designs: list[str] = field(default_factory=list)
-    rollouts: list[str] = field(default_factory=list)
-    scores: list[str] = field(default_factory=list)
-    out: str = "ckpt"
-    agent_episodes: str = "unhinted"  # unhinted | hinted | both
-    agent_credit: str = "episode"  # episode (the paper's GRPO) | turn (each reply's reward-to-go)
-    turn_gamma: float = 1.0  # the reward-to-go's discount with turn credit
-    loss_type: str = "dapo"
-    scale_rewards: str = "group"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    delta: float | None = None
-    importance_sampling_level: str = "token"
-    importance_sampling: bool = True  # the sampler correction (TIS)
-    tis_mode: str = "token_truncate"  # TRL's vllm_importance_sampling_mode names
-    tis_cap: float | None = 3.0  # TRL's vllm_importance_sampling_clip_max
-    tis_min: float | None = None
-    beta: float = 0.0
-    kl_reference: str = "base"  # base (the run's iteration-0 model) | previous (the input)
-    use_bias_correction_kl: bool = True
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.0
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    max_steps: int | None = None  # the run's total optimizer steps (linear / cosine decay)
-    temperature: float = 1.0  # for rows that record no sampling temperature
-    agent_temperature: float | None = None
-    designer_temperature: float | None = None
-    agent_weight: float = 1.0
-    designer_weight: float = 1.0
-    invalid_reward: float = -1.0
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    num_iterations: int = 1
-    max_grad_norm: float = 1.0
-    max_completion_length: int | None = None
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    fresh_optimizer: bool = False
-    keep_state_every: int = 0  # prune superseded trainer states unless updates % N == 0 (0: keep all)
-    audit: bool = True
-    max_staleness: int | None = None  # refuse samples drawn more than N updates before --model (None: any)
-    seed: int = 0
 
 
 def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], state: dict | None = None,
@@ -122,7 +78,7 @@ def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], 
     """Set up (resuming ``state`` when given) and take one pass; returns the pass's report plus the
     ``trainer`` that ``save`` writes. With ``partial``, a SIGTERM between optimizer steps saves the
     pass there and raises ``Preempted``, and a partial left by such a run is continued."""
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
     from stages import update_train
 
     tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model))
@@ -147,7 +103,7 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
     Every process calls this (ZeRO-3 and FSDP save and gather collectively); the main one writes."""
     import json
 
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     acc, model = tr.accelerator, tr.model
     if acc.is_main_process:
@@ -164,7 +120,7 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
         state_dict, audit = None, None
     else:
         state_dict, audit = _served_and_audit(acc, model, dtype, tr.snapshots)
-    from spade_cli import masters
+    from spade_cli.training import masters
 
     memory = masters.host_memory(acc, tr.timings.get("rss_before_load_mb", 0.0), tr.snapshots)
     if not acc.is_main_process:
@@ -195,7 +151,7 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
 def _served_and_audit(acc: Any, model: Any, dtype: Any, snapshots: dict) -> tuple[dict | None, dict | None]:
     """The served state dict (on the main process; None elsewhere) from the real fp32 masters, one
     parameter at a time, and the audit from each process's share of the snapshots. Collective."""
-    from spade_cli import masters, trainer_state
+    from spade_cli.training import masters, trainer_state
 
     out_sd: dict = {}
     local = [0.0] * len(masters.SUMS)
@@ -271,7 +227,7 @@ def _pass_through(cfg: UpdateConfig, stage: Stage, counts: dict, log: Callable[[
 
 def _resolve_state(cfg: UpdateConfig) -> tuple[dict | None, str]:
     """(the trainer state to resume or None, the run's base model for the KL reference)."""
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     found = trainer_state.find(cfg.model) if Path(cfg.model).is_dir() else None
     base = (found or {}).get("base_model") or _model_id(cfg.model)
@@ -284,7 +240,7 @@ def _resolve_state(cfg: UpdateConfig) -> tuple[dict | None, str]:
 def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """Update the model on the stored samples and write ``cfg.out``; returns the summary."""
 
-    from spade_cli import grpo
+    from spade_cli.training import grpo
 
     if log is None or os.environ.get("RANK", "0") != "0":  # one log, not one per process
         log = lambda _msg: None  # noqa: E731
@@ -345,7 +301,7 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
                        counts: dict, log: Callable[[str], None], t0: float) -> dict:
     import json
 
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     out = Path(cfg.out)
     log(f"{len(samples)} samples with signal: "

@@ -42,12 +42,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.artifacts import InputError, read_rows
-from spade_cli.records import Design, Rollout, Score
+from spade_cli.core.artifacts import InputError, read_rows
+from spade_cli.core.records import Design, Rollout, Score
+from stages.update_config import UpdateConfig
 
 if TYPE_CHECKING:
-    from spade_cli.grpo import Sample
-    from stages.update import UpdateConfig
+    from spade_cli.training.grpo import Sample
 
 
 def _ids(value: Any) -> bool:
@@ -223,8 +223,8 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     """Read the artifacts into samples with advantages; returns (kept samples, per-role counts)."""
     import torch
 
-    from spade_cli import grpo
-    from spade_cli.grpo import Sample
+    from spade_cli.training import grpo
+    from spade_cli.training.grpo import Sample
 
     counts: dict[str, dict[str, int]] = {"agent": {}, "designer": {}}
 
@@ -366,7 +366,7 @@ def _credit_turns(episodes: list, scale: str, counts: dict) -> list[Sample]:
     episodes of its group; the tokens of a turn position without spread leave the loss."""
     import torch
 
-    from spade_cli import grpo
+    from spade_cli.training import grpo
 
     labels, values, where = [], [], []
     for e, (group, _, _, (returns, _)) in enumerate(episodes):

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, expand_inputs, manifest_path, read_rows
+from spade_cli.core.artifacts import SpadeError, expand_inputs, manifest_path, read_rows
 
 LIMIT = 64
 

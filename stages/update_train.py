@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.artifacts import SpadeError
+from spade_cli.core.artifacts import SpadeError
+from stages.update_config import UpdateConfig
 
 if TYPE_CHECKING:
-    from spade_cli.grpo import Sample
-    from stages.update import UpdateConfig
+    from spade_cli.training.grpo import Sample
 
 
 class RowTemperature:
@@ -104,7 +104,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     from accelerate.utils import set_seed
     from transformers import AutoTokenizer, get_scheduler
 
-    from spade_cli import masters, trainer_state
+    from spade_cli.training import masters, trainer_state
 
     rss_before = masters.rss_mb()
     accelerator = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps,
@@ -189,7 +189,7 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
     the sampler correction these old log-probs imply (what ``update.json`` reports under ``sampler``)."""
     import torch
 
-    from spade_cli import grpo
+    from spade_cli.training import grpo
 
     bs = cfg.per_device_train_batch_size
     diffs, weights, raws = [], [], []
@@ -232,7 +232,7 @@ def _stop_requested(acc: Any) -> bool:
     """Whether any process got a SIGTERM: every process must stop at the same step."""
     import torch
 
-    from spade_cli import preempt
+    from spade_cli.core import preempt
 
     flag = torch.tensor([1.0 if preempt.requested() else 0.0], device=acc.device)
     if acc.num_processes > 1:
@@ -249,7 +249,8 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
     ``resumed`` is that progress (from ``trainer_state.load_partial``): the pass continues after it."""
     import torch
 
-    from spade_cli import grpo, preempt, trainer_state
+    from spade_cli.core import preempt
+    from spade_cli.training import grpo, trainer_state
 
     acc, model, opt = tr.accelerator, tr.model, tr.optimizer
     pad_id = tr.tokenizer.pad_token_id if tr.tokenizer.pad_token_id is not None else 0

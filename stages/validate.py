@@ -24,12 +24,12 @@ The checks, in order:
 7. ``hint_leak``, ``no_hint``, ``trivial`` (a degenerate or random policy reaches
    ``trivial_return`` on its seed and on 2 of 3 more), ``hint_is_answer`` and ``format_only``
    (replies made from the hint alone, or with no task content, reach it on two seeds:
-   ``spade_cli/probes.py``), ``answer_table`` (the hint read as a table keyed by what the
+   ``spade_cli/checks/probes.py``), ``answer_table`` (the hint read as a table keyed by what the
    observation shows solves 3 of 4 seeds and a miss teaches nothing: ``stages/validate_hacks.py``).
 
 ``duplicate`` runs right after the static checks, before any process starts: a design whose
 code, up to names, constants, messages, dead code, unread names, the order of definitions, comments
-and formatting (``spade_cli/astnorm.py``), is the code of
+and formatting (``spade_cli/checks/astnorm.py``), is the code of
 an env in ``--memory`` or of an earlier row of this input is a duplicate, whatever its hint; the
 first one wins and the check names the env it matched. Memory rows are compared by their
 ``ast_hash`` field when it was made by the current normalisation, else by hashing their ``code``,
@@ -39,7 +39,7 @@ match in ``stats.duplicate_of``), so that regret can keep it in the memory. Pool
 reasoning-gym tasks on purpose, so among themselves only identical code is a duplicate. A second
 key, after the checks: a design still valid whose transcript under the scripted policy, on a seed
 shared by the input's designs, matches an earlier valid row's (text normalised) is a duplicate too
-(``spade_cli/behaviour.py``; check ``duplicate_behaviour``, ``stats.behaviour``).
+(``spade_cli/checks/behaviour.py``; check ``duplicate_behaviour``, ``stats.behaviour``).
 
 Example::
 
@@ -58,10 +58,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spade_cli import astnorm, behaviour, probes
-from spade_cli.artifacts import SpadeError, Stage, expand_inputs, read_rows
-from spade_cli.episodes import episode_seed, seed_key, seed_material
-from spade_cli.records import Design, Memory, env_id_for, to_row, validation_from
+from spade_cli.checks import astnorm, behaviour, probes
+from spade_cli.core.artifacts import SpadeError, Stage, expand_inputs, read_rows
+from spade_cli.core.records import Design, Memory, env_id_for, to_row, validation_from
+from spade_cli.rollout.episodes import episode_seed, seed_key, seed_material
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 from spade_cli.sandbox.envproc import PARSE_LOCK
@@ -255,7 +255,7 @@ def validate_design(design: Design, pool: SandboxPool, *, max_steps: int, seed: 
 
 def hack_probes(design: Design, pool: SandboxPool, ch: Checks, stats: dict, *, single_shot: bool,
                 max_steps: int, seeds: tuple[int, int], trivial_return: float) -> None:
-    """The ``hint_is_answer`` and ``format_only`` checks (spade_cli/probes.py): each probe policy
+    """The ``hint_is_answer`` and ``format_only`` checks (spade_cli/checks/probes.py): each probe policy
     in a fresh process; a high return counts only when a second seed confirms it."""
     families = probes.policies(design.hint or "", single_shot)
     worker = None

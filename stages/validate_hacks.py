@@ -8,7 +8,7 @@ rerun, so the same learnable file was rejected every time. A degenerate policy t
 only when it reaches it on at least ``CONFIRM_NEEDED`` of them (the first two misses stop it).
 
 ``answer_table`` (reason ``hint_is_answer``): per seed, the lookup policy plays what the hint holds
-for the key the observation shows (``spade_cli/keyed.py``): one episode whose replies move down the
+for the key the observation shows (``spade_cli/checks/keyed.py``): one episode whose replies move down the
 candidate list after each miss, or, for an env that ends after one step, one episode per candidate.
 If it solves at least ``TABLE_NEEDED`` of the four contract seeds, the hint holds the answers. That
 alone is also true of a good env whose hint teaches a table the env itself teaches (the starter
@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Callable
 
-from spade_cli.keyed import MAX_CANDIDATES, Table, words
+from spade_cli.checks.keyed import MAX_CANDIDATES, Table, words
 from spade_cli.sandbox import EnvError
 from spade_cli.sandbox.play import play
 

@@ -33,8 +33,8 @@ def practice_memory(envs: list[dict], seed: int, epoch: int, path: Path) -> Path
     warm-started model has seen prompts with a memory summary before the loop shows it real ones."""
     import random
 
-    from spade_cli.artifacts import write_jsonl
-    from spade_cli.records import Memory
+    from spade_cli.core.artifacts import write_jsonl
+    from spade_cli.core.records import Memory
 
     rng = random.Random(f"{seed}|{epoch}")
     rows = []
@@ -56,8 +56,8 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
     Every other epoch the prompts carry a practice memory summary built from ``memory_pool``."""
     import tempfile
 
-    from spade_cli import prompts
     from spade_cli.backends import render_chat
+    from spade_cli.designer import prompts
     from stages.design import plan_prompts
 
     eos = tokenizer.eos_token_id
@@ -84,7 +84,7 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
 
 def load_envs(pool: str) -> list[dict]:
     """The pool's environments, shortest first (cheaper to learn when only some are used)."""
-    from spade_cli import pool as pool_mod
+    from spade_cli.envs import pool as pool_mod
 
     envs = pool_mod.load_envs(pool)
     return sorted(envs, key=lambda e: (len(e["code"]) + len(e["hint"]), e.get("name", e["title"])))
@@ -105,12 +105,12 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     """Fine-tune ``model`` on the pool and write the checkpoint to ``out`` (a directory).
 
     With ``agent_episodes`` the Agent is warm-started too: that many seeds of every pool env that
-    has a scripted solver (``spade_cli.solvers``), played hinted and unhinted by the rollout engine
+    has a scripted solver (``spade_cli.envs.solvers``), played hinted and unhinted by the rollout engine
     with ``agent_max_turns`` and ``agent_thinking`` (use the loop's ``--max-turns`` and
     ``--thinking``, so the prompts are the ones rollout renders). ``agent_pool`` (default: ``pool``)
     is where those envs come from, so the Designer and the Agent can learn from different pools.
     ``contract`` is the Designer prompt's system message (``spade design --contract``)."""
-    from spade_cli.artifacts import SpadeError, Stage, later_defaults_dropped
+    from spade_cli.core.artifacts import SpadeError, Stage, later_defaults_dropped
 
     envs = pick_envs(pool, max_examples)
     if not envs:
@@ -125,7 +125,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         "enable_thinking": enable_thinking, "agent_episodes": agent_episodes, "agent_noise": agent_noise,
         "agent_max_turns": agent_max_turns, "agent_thinking": agent_thinking, "contract": contract,
         "agent_pool": agent_pool, "memory_k": memory_k}, "warmstart")
-    from spade_cli import pool as pool_mod
+    from spade_cli.envs import pool as pool_mod
 
     inputs = {"model": [model]} if Path(model).exists() else {}
     # the pools are inputs too: a changed env (or family generator) makes the warm start stale
@@ -155,7 +155,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
                             memory_k=memory_k)
     n_designer, agent = len(samples), {}
     if agent_episodes:
-        from spade_cli import solvers
+        from spade_cli.envs import solvers
 
         rows = solvers.play(tokenizer, load_envs(agent_pool or pool), agent_episodes, noise=agent_noise, seed=seed,
                             max_turns=agent_max_turns, enable_thinking=agent_thinking)

@@ -40,7 +40,7 @@ def _offline_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, _offline_caches: None) -> Path:
     """A random tiny Qwen3 checkpoint, built once per session through the public core."""
-    from spade_cli import tinymodel
+    from spade_cli.models import tinymodel
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     tinymodel.build(out, size="tiny", seed=0)

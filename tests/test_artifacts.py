@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from spade_cli.artifacts import InputError, SpadeError, Stage, expand_inputs, read_records, write_jsonl
-from spade_cli.records import parse
+from spade_cli.core.artifacts import InputError, SpadeError, Stage, expand_inputs, read_records, write_jsonl
+from spade_cli.core.records import parse
 
 pytestmark = pytest.mark.unit
 
@@ -89,7 +89,7 @@ def test_kill_during_atomic_write_never_leaves_a_partial_file(tmp_path):
     target = tmp_path / "big.jsonl"
     script = textwrap.dedent(f"""
         import sys
-        from spade_cli.artifacts import write_jsonl
+        from spade_cli.core.artifacts import write_jsonl
         def rows():
             for i in range(10**9):
                 if i == 2000:
@@ -119,7 +119,7 @@ def test_a_checkpoint_retrained_in_place_is_a_new_input(tmp_path):
     (the same architecture) still changes the fingerprint; a byte-identical copy does not."""
     import shutil
 
-    from spade_cli.artifacts import fingerprint
+    from spade_cli.core.artifacts import fingerprint
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -141,7 +141,7 @@ def test_a_run_made_before_the_fingerprint_change_stays_up_to_date(tmp_path):
     """A manifest whose checkpoint fingerprints were made by version 1 (no "v": sizes and small
     files only) is compared in version 1, so a finished stage stays up to date after the upgrade
     and a run in progress resumes."""
-    from spade_cli.artifacts import fingerprint, manifest_path
+    from spade_cli.core.artifacts import fingerprint, manifest_path
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -167,7 +167,7 @@ def test_a_run_made_before_the_fingerprint_change_stays_up_to_date(tmp_path):
 def test_an_input_role_recorded_later_is_not_compared_against_a_manifest_without_it(tmp_path):
     """warmstart started recording its pool as an input: a warm start made before (no "pool"
     role) stays up to date, while one made after compares the pool like any input."""
-    from spade_cli.artifacts import manifest_path
+    from spade_cli.core.artifacts import manifest_path
 
     pool = tmp_path / "pool"
     pool.mkdir()
@@ -191,7 +191,7 @@ def test_options_added_later_stay_out_of_a_manifest_config_at_their_default(tmp_
     """An option added after runs were made is left out of the config at the default that keeps
     the old behaviour, so a stage written before it existed stays up to date; set to anything
     else it is compared like every option."""
-    from spade_cli.artifacts import LATER_DEFAULTS, later_defaults_dropped
+    from spade_cli.core.artifacts import LATER_DEFAULTS, later_defaults_dropped
 
     for stage, later in LATER_DEFAULTS.items():
         old = {"seed": 0}

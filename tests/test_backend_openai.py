@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, load_backend, render_chat
+from spade_cli.core.artifacts import SpadeError
 
 CHATS = [
     [{"role": "user", "content": "hi"}],

@@ -11,8 +11,8 @@ import importlib.util
 
 import pytest
 
-from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, load_backend, render_chat
+from spade_cli.core.artifacts import SpadeError
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 CHATS = [

@@ -158,7 +158,7 @@ def test_hf_stop_string_cuts_text_and_keeps_sampled_tokens(hf):
 
 @pytest.mark.unit
 def test_unknown_backend_and_bad_dtype_are_user_errors():
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     with pytest.raises(SpadeError, match="unknown backend"):
         load_backend("nope", "no-such-model")

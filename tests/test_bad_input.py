@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.records import Rollout, Validation, to_row
+from spade_cli.core.records import Rollout, Validation, to_row
 from tests.conftest import run_spade
 
 pytestmark = pytest.mark.integration

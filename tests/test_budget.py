@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.episodes import budget_pairs, episode_specs
-from spade_cli.records import Validation, to_row
+from spade_cli.core.records import Validation, to_row
+from spade_cli.rollout.episodes import budget_pairs, episode_specs
 from tests.conftest import run_spade
 
 CODE = '''import gymnasium as gym

@@ -56,8 +56,8 @@ def test_option_names_and_types_are_whole_at_80_columns(name: str) -> None:
 # Each Literal in spade_cli.cli against the constant of the module that acts on the value.
 def _constants() -> list[tuple[object, tuple]]:
     from spade_cli.backends.thinking import CONTEXTS, OVERFLOW
-    from spade_cli.curriculum import SIGNALS
-    from spade_cli.prompts import CONTRACTS
+    from spade_cli.designer.curriculum import SIGNALS
+    from spade_cli.designer.prompts import CONTRACTS
     from spade_cli.sandbox.config import TIERS
 
     return [(cli.Signal, SIGNALS), (cli.Overflow, OVERFLOW), (cli.Contract, tuple(CONTRACTS)),
@@ -65,7 +65,7 @@ def _constants() -> list[tuple[object, tuple]]:
 
 
 def test_choices_are_what_the_code_accepts() -> None:
-    from spade_cli import gguf, tinymodel
+    from spade_cli.models import gguf, tinymodel
     from stages import rollout
 
     for typ, accepted in _constants():
@@ -131,7 +131,7 @@ def test_update_options_are_update_config_fields() -> None:
 
 
 def test_rollout_options_are_play_config_fields() -> None:
-    from spade_cli.episode_state import PlayConfig
+    from spade_cli.rollout.episode_state import PlayConfig
 
     options = _defaults("rollout")
     fields = {f.name: f for f in dataclasses.fields(PlayConfig)}

@@ -136,7 +136,7 @@ def test_spade_compare_writes_table_and_curves_and_names_bad_input(experiment: P
 
 @pytest.mark.integration
 def test_unequal_budgets_and_settings_are_loud_and_strict_refuses(experiment: Path, tmp_path: Path) -> None:
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
     from stages import compare
 
     shared = {"MODEL": "m", "CORPUS": "c", "DESIGN_ARGS": "--thinking", "N_ENVS": "2", "K": "2", "SEED": "0",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli import corpus
-from spade_cli.artifacts import InputError, SpadeError
+from spade_cli.core.artifacts import InputError, SpadeError
+from spade_cli.designer import corpus
 
 pytestmark = pytest.mark.integration
 

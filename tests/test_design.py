@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.corpus import BUNDLED
+from spade_cli.designer.corpus import BUNDLED
 from stages import design
 from tests.conftest import run_spade
 from tests.test_backend_openai import serve  # noqa: F401  (the transformers serve fixture)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from spade_cli import corpus, pool, prompts
-from spade_cli.artifacts import InputError, SpadeError
-from spade_cli.records import Memory
+from spade_cli.core.artifacts import InputError, SpadeError
+from spade_cli.core.records import Memory
+from spade_cli.designer import corpus, prompts
+from spade_cli.envs import pool
 from stages import design
 
 CODE = "import gymnasium as gym\n\nclass E(gym.Env):\n    def step(self, action):\n        return '', 0.0, True, False, {}\n"
@@ -235,7 +236,7 @@ def test_worked_example_round_trips_through_the_parser():
 @pytest.mark.unit
 def test_run_parses_good_completions_and_keeps_bad_ones(tmp_path):
     from spade_cli.backends.fake import FakeBackend
-    from spade_cli.records import env_id_for
+    from spade_cli.core.records import env_id_for
 
     ex = design.worked_example()
     good = "<think>let me plan</think>\n" + prompts.format_answer("Ledger", ex["code"], ex["hint"])
@@ -268,8 +269,8 @@ def test_run_parses_good_completions_and_keeps_bad_ones(tmp_path):
 
 @pytest.mark.unit
 def test_resume_keeps_complete_groups_and_drops_a_torn_one(tmp_path):
-    from spade_cli.artifacts import Stage
     from spade_cli.backends.fake import FakeBackend
+    from spade_cli.core.artifacts import Stage
 
     out = tmp_path / "d.jsonl"
     be = FakeBackend("scripted", outputs=["x"])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from spade_cli import diversity
+from spade_cli.checks import diversity
 
 
 @pytest.mark.unit
@@ -59,7 +59,7 @@ def test_model_embedding_with_the_tiny_model(tiny_model) -> None:
 
 @pytest.mark.unit
 def test_bad_embedding_spec_is_a_clear_error(tmp_path) -> None:
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     with pytest.raises(SpadeError, match="local model directory"):
         diversity.embed_texts(["x"], str(tmp_path / "nope"))

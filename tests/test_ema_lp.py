@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.records import Validation, to_row
+from spade_cli.core.records import Validation, to_row
 from tests.conftest import run_spade
 
 pytestmark = pytest.mark.integration
@@ -95,7 +95,7 @@ class Parity{m}{r}(gym.Env):
 
 @pytest.mark.slow  # two rollouts of the tiny model, a second tiny model built
 def test_a_small_cpu_run_gives_valid_designs_a_spread_of_rewards(tiny_model: Path, tmp_path: Path) -> None:
-    from spade_cli import tinymodel
+    from spade_cli.models import tinymodel
 
     other = tmp_path / "before_model"
     tinymodel.build(other, size="tiny", seed=1)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import typer
 
-from spade_cli.artifacts import SpadeError
-from spade_cli.engine import EngineOptions, for_backend, parse_engine_args, visible_gpu_ids
+from spade_cli.backends.engine import EngineOptions, for_backend, parse_engine_args, visible_gpu_ids
+from spade_cli.core.artifacts import SpadeError
 from tests.conftest import run_spade
 from tests.test_rollout_envs import GUESS, validation_row, write_envs
 
@@ -198,7 +198,7 @@ def test_engine_args_and_serve_flags():
 
 @pytest.mark.unit
 def test_lm_eval_tasks_get_only_the_engine_options_given():
-    from spade_cli.evaluators import EvalContext, _lm_model
+    from spade_cli.evaluation.evaluators import EvalContext, _lm_model
 
     def args(opts):
         return _lm_model(EvalContext(model="m", out=Path("o"), backend="vllm", engine=opts))[1]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.artifacts import SpadeError
-from spade_cli.evaluators import (
+from spade_cli.core.artifacts import SpadeError
+from spade_cli.evaluation.evaluators import (
     EvalContext,
     TaskSpec,
     extract_answer,

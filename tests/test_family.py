@@ -11,8 +11,9 @@ import types
 
 import pytest
 
-from spade_cli import family, pool, prompts
-from spade_cli.astnorm import ast_hash
+from spade_cli.checks.astnorm import ast_hash
+from spade_cli.designer import prompts
+from spade_cli.envs import family, pool
 from tests.conftest import run_spade
 
 

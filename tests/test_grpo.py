@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from spade_cli import grpo
+from spade_cli.training import grpo
 
 pytestmark = pytest.mark.unit
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli import locks
+from spade_cli.core import locks
 from tests.conftest import REPO, run_spade
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from spade_cli import locks
+from spade_cli.core import locks
 locks.acquire(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(600)

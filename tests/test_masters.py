@@ -30,7 +30,7 @@ def _flat_shard(t, rank: int, world: int):
 
 
 def test_sums_of_element_partitions_equal_the_whole() -> None:
-    from spade_cli import masters, trainer_state
+    from spade_cli.training import masters, trainer_state
 
     snaps = _snapshots()
     whole = trainer_state.audit(*snaps)
@@ -50,7 +50,7 @@ def test_stubs_and_parameters_owned_elsewhere_add_nothing() -> None:
     Neither raises, and the reduced sums are the single-process figures."""
     import torch
 
-    from spade_cli import masters, trainer_state
+    from spade_cli.training import masters, trainer_state
 
     snaps = _snapshots(1)
     whole = trainer_state.audit(*snaps)
@@ -70,7 +70,7 @@ def test_stubs_and_parameters_owned_elsewhere_add_nothing() -> None:
 
 
 def test_mismatched_shards_are_refused() -> None:
-    from spade_cli import masters
+    from spade_cli.training import masters
 
     s_b, m_b, m_a, s_a = _snapshots()
     bad = {**m_a, "q": m_a["q"][:3]}
@@ -80,7 +80,7 @@ def test_mismatched_shards_are_refused() -> None:
 
 def test_without_master_before_the_served_weights_stand_in() -> None:
     """A fresh start has no trainer state: the input's served weights are the masters before."""
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     s_b, _, m_a, s_a = _snapshots()
     fresh = trainer_state.audit(s_b, None, m_a, s_a)

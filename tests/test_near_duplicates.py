@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.astnorm import ast_hash, normalised_dump
-from spade_cli.records import env_id_for
+from spade_cli.checks.astnorm import ast_hash, normalised_dump
+from spade_cli.core.records import env_id_for
 from tests.conftest import run_spade
 
 BENIGN_DIR = Path(__file__).parent / "envs_benign"
@@ -145,7 +145,7 @@ def test_code_that_does_not_parse_has_no_hash() -> None:
 @pytest.mark.unit
 def test_the_bundled_pool_twice_hashes_to_its_distinct_envs() -> None:
     """24 designs of the bundled pool's size: every one hashes, the copies collide, nothing else."""
-    from spade_cli import pool
+    from spade_cli.envs import pool
 
     codes = [e["code"] for e in pool.load_folder(pool.BUNDLED_POOL)] * 2
     hashes = [ast_hash(c) for c in codes]
@@ -220,7 +220,7 @@ def test_validate_flags_near_duplicates_of_the_memory(tmp_path: Path) -> None:
 def test_pool_copies_are_not_near_duplicates() -> None:
     """Pool rows are not Designer output: the pool deals copies and one-template reasoning-gym tasks
     on purpose, distinct by env_id; only an exact copy of the code is a duplicate among them."""
-    from spade_cli.records import Design
+    from spade_cli.core.records import Design
     from stages.validate import duplicates
 
     gen = {"backend": "pool"}
@@ -243,7 +243,7 @@ RESTRUCTURED = ORIGINAL.replace("        self.turns += 1\n", "        self.turns
 
 @pytest.mark.unit
 def test_behaviour_marks_later_copies_and_spares_pool_rows() -> None:
-    from spade_cli import behaviour
+    from spade_cli.checks import behaviour
 
     fp = behaviour.fingerprint(["Guess 1 to 100", "Too  HIGH"], 0.0, 2, False)
     assert fp == behaviour.fingerprint(["guess 7 to 250", "too high"], 0.0, 2, False)  # numbers, case, spaces

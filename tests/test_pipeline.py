@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.artifacts import SpadeError
+from spade_cli.core.artifacts import SpadeError
 from stages import update_staleness
 from tests.conftest import REPO
 

@@ -21,7 +21,7 @@ from math import lcm
 import gymnasium as gym
 import pytest
 
-from spade_cli import pool
+from spade_cli.envs import pool
 from tests.conftest import run_spade
 
 NAMES = sorted(p.stem for p in pool.BUNDLED_POOL.glob("*.py"))
@@ -378,7 +378,7 @@ def test_every_bundled_env_passes_spade_validate(tmp_path, pool, count):
 def test_a_pool_smaller_than_n_is_dealt_in_passes_to_exactly_n_distinct_environments():
     from collections import Counter
 
-    from spade_cli.records import env_id_for
+    from spade_cli.core.records import env_id_for
 
     envs = pool.load_folder(pool.BUNDLED_POOL)
     n_pool = len(envs)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli import artifacts, preempt
+from spade_cli.core import artifacts, preempt
 from tests.conftest import REPO, run_spade
 
 

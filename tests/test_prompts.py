@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spade_cli import curriculum, prompts
+from spade_cli.designer import curriculum, prompts
 
 EXAMPLE = {"title": "Ledger", "code": "class E: pass\n", "hint": "add the columns"}
 REGRET_REQUEST = ("Now design a NEW environment grounded in the document. Make it different from the "

@@ -111,6 +111,6 @@ def test_a_five_iteration_loop_ends_with_one_trainer_state_and_the_kept_checkpoi
     assert (start / "trainer_state" / "optimizer.bin").exists()  # the run's input is never touched
     res = run_spade("prune", cwd / "run", "-i", "4")
     assert res.returncode == 0 and json.loads(res.stdout)["checkpoints"] == []
-    from spade_cli import trainer_state
+    from spade_cli.training import trainer_state
 
     assert not trainer_state.find(str(ck / "iter_0005")).get("pruned")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spade_cli import records
-from spade_cli.records import Design, Rollout, SchemaError, Validation, env_id_for, parse, to_row
+from spade_cli.core import records
+from spade_cli.core.records import Design, Rollout, SchemaError, Validation, env_id_for, parse, to_row
 
 pytestmark = pytest.mark.unit
 

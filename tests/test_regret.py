@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from spade_cli import curriculum
-from spade_cli import rollout_scan as scan
-from spade_cli.artifacts import InputError
-from spade_cli.records import Validation
+from spade_cli.core.artifacts import InputError
+from spade_cli.core.records import Validation
+from spade_cli.designer import curriculum
+from spade_cli.rollout import rollout_scan as scan
 from stages import regret as stage
 
 pytestmark = pytest.mark.unit
@@ -156,7 +156,7 @@ def test_replay_ranking() -> None:
 
 @pytest.mark.parametrize("fast", [True, False], ids=["msgspec-if-installed", "json"])
 def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> None:
-    from spade_cli.artifacts import fingerprint
+    from spade_cli.core.artifacts import fingerprint
 
     if not fast:
         monkeypatch.setattr(scan, "_fast_decoder", lambda: None)
@@ -177,8 +177,8 @@ def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> 
 
 
 def test_rows_written_by_the_rollout_record_take_the_fast_path(tmp_path) -> None:
-    from spade_cli.artifacts import dumps
-    from spade_cli.records import Rollout
+    from spade_cli.core.artifacts import dumps
+    from spade_cli.core.records import Rollout
 
     rec = Rollout(episode_id="e", env_id="a", iteration=0, hinted=True, seed=5, pair=2, return_=0.75,
                   messages=[{"role": "user", "content": 'say "}" please'}],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.records import Validation, to_row
+from spade_cli.core.records import Validation, to_row
 from tests.conftest import run_spade
 
 pytestmark = pytest.mark.integration
@@ -178,7 +178,7 @@ def test_usage_errors_exit_2(it0: dict, args: list[str]) -> None:
 
 
 def test_crash_mid_write_resumes(it0: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spade_cli import artifacts
+    from spade_cli.core import artifacts
     from stages import regret as stage
 
     d = it0["dir"]

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from spade_cli.episodes import Engine, EnvSource, PlayConfig, episode_specs, to_action
-from spade_cli.records import env_id_for
+from spade_cli.core.records import env_id_for
+from spade_cli.rollout.episodes import Engine, EnvSource, PlayConfig, episode_specs, to_action
 from tests.test_rollout_envs import CRASHER, GUESS, HINT, RAISER, StandInError, StandInPool
 
 NEVER = GUESS.replace("int(self.np_random.integers(0, 10))", "10 + int(self.np_random.integers(0, 10))")
@@ -282,7 +282,7 @@ def test_crash_at_turn_two_and_quarantine_under_continuous_batching(tiny_model):
 @pytest.mark.integration
 @pytest.mark.parametrize("batching", ["lockstep", "continuous"])
 def test_an_episode_that_stepped_before_its_worker_died_is_replayed(tiny_model, batching):
-    from spade_cli.episodes import turn_seed
+    from spade_cli.rollout.episodes import turn_seed
 
     never_boom = BOOM.replace("int(self.np_random.integers(0, 10))", "10 + int(self.np_random.integers(0, 10))")
     envs = _envs(never_boom)

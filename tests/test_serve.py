@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, load_backend, preflight
+from spade_cli.core.artifacts import SpadeError
 from tests.conftest import run_spade
 
 STANDIN = r'''

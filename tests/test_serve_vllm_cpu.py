@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, load_backend, preflight, render_chat
+from spade_cli.core.artifacts import SpadeError
 from tests.conftest import run_spade
 from tests.test_serve import untied
 
@@ -37,7 +37,7 @@ def _recompute(model_dir: Path, prompt: list[int], ids: list[int], temperature: 
 
 
 def test_serve_loads_a_new_checkpoint_without_restart(tiny_model, tmp_path):
-    from spade_cli import tinymodel
+    from spade_cli.models import tinymodel
 
     first = untied(tiny_model, tmp_path / "ckpt" / "iter_0000")  # an LM head of its own, as Qwen3-8B
     tinymodel.build(tmp_path / "tied_0001", size="tiny", seed=1)  # same tokenizer, other weights

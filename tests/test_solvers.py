@@ -28,7 +28,7 @@ def starter():
 
 @pytest.mark.integration
 def test_solvers_solve_their_envs_and_noise_makes_them_fail(tok, starter):
-    from spade_cli import solvers
+    from spade_cli.envs import solvers
 
     clean = solvers.play(tok, starter, 6, noise=0.0, seed=0, max_turns=8, enable_thinking=True)
     names = sorted(solvers.SOLVERS)
@@ -44,9 +44,9 @@ def test_solvers_solve_their_envs_and_noise_makes_them_fail(tok, starter):
 
 @pytest.mark.integration
 def test_samples_are_the_rollout_engines_tokens_on_unreachable_seeds(tok, starter):
-    from spade_cli import solvers
     from spade_cli.backends import render_chat
-    from spade_cli.episodes import PlayConfig, episode_seed, system_message
+    from spade_cli.envs import solvers
+    from spade_cli.rollout.episodes import PlayConfig, episode_seed, system_message
 
     env = next(e for e in starter if e["name"] == "signal_rules")
     rows = solvers.play(tok, [env], 3, noise=0.0, seed=4, max_turns=5, enable_thinking=True)
@@ -72,7 +72,7 @@ def test_samples_are_the_rollout_engines_tokens_on_unreachable_seeds(tok, starte
 
 @pytest.mark.unit
 def test_policies_read_the_observations():
-    from spade_cli import solvers
+    from spade_cli.envs import solvers
 
     rng = random.Random(0)
     assert solvers.relay_word(["Radio: maple. Relay it.", "Garbled. Radio: tiger. Relay it."], rng, 0.0) == "tiger"
@@ -88,8 +88,8 @@ def test_solver_tables_are_the_starter_envs_own_rules():
     """The solvers know their envs' rules: each table is what the env's module defines."""
     import ast
 
-    from spade_cli import solvers
-    from spade_cli.pool import STARTER_POOL
+    from spade_cli.envs import solvers
+    from spade_cli.envs.pool import STARTER_POOL
 
     def constant(name: str, var: str):
         tree = ast.parse((STARTER_POOL / f"{name}.py").read_text())

@@ -15,7 +15,7 @@ import pytest
 from spade_cli.backends import Sampling, render_chat
 from spade_cli.backends.fake import FakeBackend
 from spade_cli.backends.thinking import Thinking, answer_only, generate_thinking
-from spade_cli.episodes import Engine, PlayConfig, episode_specs
+from spade_cli.rollout.episodes import Engine, PlayConfig, episode_specs
 from tests.test_rollout_engine import _envs
 from tests.test_rollout_envs import GUESS, StandInError, StandInPool
 
@@ -216,7 +216,7 @@ def _collect(tmp_path: Path, rows: list[dict], scores: list[dict]):
 def test_failed_episodes_train_as_zero_and_broken_envs_are_dropped(tmp_path):
     import torch
 
-    from spade_cli import grpo
+    from spade_cli.training import grpo
 
     rows = [_row("a1", "A", 1.0, None, 3), _row("a2", "A", 1.0, "step_timeout", 2),
             _row("a3", "A", 0.7, "crashed", 0),  # no agent tokens: no sample, but a 0 in the group
@@ -237,8 +237,8 @@ def test_failed_episodes_train_as_zero_and_broken_envs_are_dropped(tmp_path):
 def test_dropped_context_rows_give_one_sequence_per_turn_with_episode_advantages(tmp_path):
     import torch
 
-    from spade_cli import grpo
-    from spade_cli.artifacts import InputError
+    from spade_cli.core.artifacts import InputError
+    from spade_cli.training import grpo
 
     # turn 0: prompt [1,2,3], reply [10,11]; env [90]; turn 1: prompt [1,2,3,50,90], reply [12]
     two = {"prompt_ids": [1, 2, 3], "completion_ids": [10, 11, 90, 12, 99], "env_mask": [1, 1, 0, 1, 0],

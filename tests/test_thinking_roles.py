@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli import prompts
 from spade_cli.backends.fake import FakeBackend
-from spade_cli.records import parse
+from spade_cli.core.records import parse
+from spade_cli.designer import prompts
 from stages import design
 from tests.conftest import run_spade
 from tests.test_backend_openai import serve  # noqa: F401  (the transformers serve fixture)
@@ -199,7 +199,7 @@ def test_design_cli_budgets_and_refusals(tiny_model, tmp_path):
 # -- eval --------------------------------------------------------------------------------------
 
 def _rg_ctx(tmp_path: Path, backend: FakeBackend, **kw):
-    from spade_cli.evaluators import EvalContext
+    from spade_cli.evaluation.evaluators import EvalContext
 
     ctx = EvalContext(model="fake", out=tmp_path / "e.jsonl", batch_size=2, **kw)
     ctx._backend = backend
@@ -209,7 +209,7 @@ def _rg_ctx(tmp_path: Path, backend: FakeBackend, **kw):
 @pytest.mark.integration
 def test_eval_rg_with_budgets_scores_the_answer_after_the_reasoning(tiny_model, tmp_path):
     pytest.importorskip("reasoning_gym")
-    from spade_cli.evaluators import parse_spec, rg_items, run_rg
+    from spade_cli.evaluation.evaluators import parse_spec, rg_items, run_rg
 
     spec = parse_spec("rg:basic_arithmetic:2")
     golds = [item["answer"] for _, item, _ in rg_items(spec, 2, seed=0)[0]]
@@ -240,7 +240,7 @@ def test_eval_bfcl_steps_are_the_answers_after_the_reasoning(tiny_model, tmp_pat
 
     from spade_cli.backends import Sampling
     from spade_cli.backends.thinking import Thinking, ThinkingBackend
-    from spade_cli.eval_bfcl import play_entry
+    from spade_cli.evaluation.eval_bfcl import play_entry
     from tests.test_eval_suites import _replay
 
     entry = utils.load_dataset_entry("multi_turn_base")[1]
@@ -261,7 +261,7 @@ def test_eval_bfcl_steps_are_the_answers_after_the_reasoning(tiny_model, tmp_pat
 
 @pytest.mark.integration
 def test_eval_envs_suite_plays_with_budgets(tiny_model, tmp_path, monkeypatch):
-    from spade_cli.evaluators import parse_spec
+    from spade_cli.evaluation.evaluators import parse_spec
     from stages import eval as stage
     from tests.test_eval import HALF
 
@@ -281,8 +281,8 @@ def test_eval_envs_suite_plays_with_budgets(tiny_model, tmp_path, monkeypatch):
 
 @pytest.mark.integration
 def test_eval_refuses_budgets_for_harness_tasks(tiny_model, tmp_path):
-    from spade_cli.artifacts import SpadeError
-    from spade_cli.evaluators import check_thinking, parse_specs
+    from spade_cli.core.artifacts import SpadeError
+    from spade_cli.evaluation.evaluators import check_thinking, parse_specs
     from stages import eval as stage
 
     proc = run_spade("eval", "--model", tiny_model, "--tasks", "rg:basic_arithmetic:2,lm:spade_tiny_qa",
@@ -301,7 +301,7 @@ def test_eval_tau2_agent_acts_on_the_answer_after_the_reasoning(tiny_model):
     pytest.importorskip("tau2")
     from spade_cli.backends import Sampling
     from spade_cli.backends.thinking import Thinking, ThinkingBackend
-    from spade_cli.eval_tau2 import _import_tau2, play_task
+    from spade_cli.evaluation.eval_tau2 import _import_tau2, play_task
     from tests.test_eval_suites import _gold, _scripted_user
 
     task = {t.id: t for t in _import_tau2().load_tasks("airline", "base")}["2"]
@@ -327,7 +327,7 @@ def test_eval_tau2_agent_acts_on_the_answer_after_the_reasoning(tiny_model):
 
 @pytest.mark.unit
 def test_an_answer_may_quote_a_think_tag_once_the_reasoning_is_closed() -> None:
-    from spade_cli.eval_rg import extract_answer
+    from spade_cli.evaluation.eval_rg import extract_answer
     from stages.design import _unclosed
 
     reply = "<think>plan</think>\nOBS = 'reply with <think> notes'\n"

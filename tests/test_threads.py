@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spade_cli import threads
+from spade_cli.core import threads
 from tests.conftest import REPO, run_spade
 
 
@@ -54,7 +54,7 @@ app = typer.Typer()
 def rollout(ctx: typer.Context, env_threads: int = typer.Option(8, "--env-threads"),
             batching: str = typer.Option("continuous", "--batching"), backend: str = typer.Option("hf", "--backend"),
             use_torch: bool = typer.Option(False, "--torch"), config: ConfigOpt = None) -> None:
-    from spade_cli import threads
+    from spade_cli.core import threads
     out = {"omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
            "config": resolved_config(ctx)}
     if use_torch:

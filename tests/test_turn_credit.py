@@ -116,7 +116,7 @@ def test_dropped_reasoning_trains_each_turn_with_its_own_advantage(tmp_path: Pat
 
 
 def test_rows_without_reply_ends_are_refused_with_their_line(tmp_path: Path) -> None:
-    from spade_cli.artifacts import InputError
+    from spade_cli.core.artifacts import InputError
 
     rows = [_row(0, [0.25]), _row(1, [0.0], ends=False)]
     with pytest.raises(InputError, match=r"rollouts.jsonl:2: .*reply_ends"):

@@ -128,7 +128,7 @@ def test_learning_direction(artifacts: dict, tiny_model: Path, tmp_path: Path) -
     """After an update, episodes with positive advantage gain log-probability relative to negative ones."""
     from transformers import AutoModelForCausalLM
 
-    from spade_cli.records import parse
+    from spade_cli.core.records import parse
     from stages import update
 
     update.run(_config(artifacts, tiny_model, tmp_path / "ck", designs=[], scores=[], num_iterations=2))
@@ -153,7 +153,7 @@ def test_learning_direction(artifacts: dict, tiny_model: Path, tmp_path: Path) -
 def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path) -> None:
     import torch
 
-    from spade_cli import grpo
+    from spade_cli.training import grpo
     from stages import update, update_train
 
     cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", designs=[], scores=[])
@@ -187,7 +187,7 @@ def test_both_roles_contribute(artifacts: dict, tiny_model: Path, tmp_path: Path
 
 @pytest.mark.integration
 def test_bad_row_names_file_and_line(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
-    from spade_cli.artifacts import InputError
+    from spade_cli.core.artifacts import InputError
     from stages import update
 
     rows = artifacts["rollouts"].read_text().splitlines()
@@ -311,7 +311,7 @@ def test_no_learning_signal_passes_the_model_through(artifacts: dict, tiny_model
 
 @pytest.mark.unit
 def test_an_episode_from_a_text_mode_server_has_no_sampler_logprobs(tmp_path: Path) -> None:
-    from spade_cli.artifacts import InputError
+    from spade_cli.core.artifacts import InputError
     from stages.update_samples import _tokens
 
     # `transformers serve` gives no log-probs: None at every token, agent and env alike

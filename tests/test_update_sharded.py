@@ -123,7 +123,7 @@ def test_host_memory_per_process_does_not_grow_with_the_process_count(tmp_path: 
     """The small model (12.5M parameters), one update: each of 2 FSDP processes peaks no higher than
     one process doing it all (within PER_PROCESS_FACTOR), so a node's memory is the processes'
     fixed runtime plus one share of the model each, not one model each."""
-    from spade_cli import tinymodel
+    from spade_cli.models import tinymodel
 
     small = tmp_path / "small"
     tinymodel.build(small, size="small", seed=0)

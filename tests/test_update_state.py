@@ -135,7 +135,7 @@ def test_top_p_samples_are_corrected_or_refused(artifacts: dict, tiny_model: Pat
     """Designs drawn with top-p 0.9 train with the sampler correction on (their stored, renormalised
     log-probs give the weight) and are refused with it off; a rollout file's manifest is read when
     its rows record no sampling parameters."""
-    from spade_cli.artifacts import InputError
+    from spade_cli.core.artifacts import InputError
     from stages import update
 
     designs = _with_gen(artifacts["validated"], tmp_path / "designs.jsonl", temperature=1.0, top_p=0.9)
@@ -161,7 +161,7 @@ def test_each_role_is_scored_at_its_own_temperature(artifacts: dict, tiny_model:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from spade_cli.artifacts import InputError
+    from spade_cli.core.artifacts import InputError
     from stages import update
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)

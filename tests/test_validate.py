@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.records import env_id_for
+from spade_cli.core.records import env_id_for
 from tests.conftest import run_spade
 
 pytestmark = pytest.mark.integration
@@ -127,7 +127,7 @@ def test_bad_row_is_an_input_error(tmp_path: Path) -> None:
 
 def test_resume_does_not_redo_rows(tmp_path: Path) -> None:
     """Rows already in the partial (a killed run) are kept as they are; only the rest is validated."""
-    from spade_cli.artifacts import Stage
+    from spade_cli.core.artifacts import Stage
     from stages import validate
 
     rows = [design((BENIGN_DIR / n).read_text(), h) for n, h in HINTS.items()]
@@ -224,7 +224,7 @@ def _descendants(root: int) -> set[int]:
 def test_one_process_per_episode_and_none_more(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every process the zygote hands out plays exactly one episode: the import's process plays
     the first contract episode and gymnasium's checker runs in the last one's, after it."""
-    from spade_cli.records import Design
+    from spade_cli.core.records import Design
     from spade_cli.sandbox import SandboxConfig, SandboxPool
     from spade_cli.sandbox.supervisor import Zygote
     from stages.validate import validate_design
@@ -255,7 +255,7 @@ def test_one_process_per_episode_and_none_more(monkeypatch: pytest.MonkeyPatch) 
 def test_trivial_is_confirmed_on_more_seeds() -> None:
     """A degenerate policy that hits on one seed rejects the design only when it hits on at least
     two of three more: the env below pays the empty reply on seeds divisible by 10 only."""
-    from spade_cli.records import Design
+    from spade_cli.core.records import Design
     from spade_cli.sandbox import SandboxConfig, SandboxPool
     from stages.validate_hacks import confirm_trivial
 

@@ -13,8 +13,8 @@ from tests.conftest import run_spade
 def test_samples_are_design_prompts_with_answer_only_loss(tiny_model):
     from transformers import AutoTokenizer
 
-    from spade_cli import prompts
     from spade_cli.backends import render_chat
+    from spade_cli.designer import prompts
     from stages.design import plan_prompts
     from stages.warmstart import build_samples, pick_envs
 

@@ -77,7 +77,7 @@ def preflight(backend: Any, sampling: Sampling | None, accept_foreign: bool = Fa
     ``sampling`` (the stages whose rows are trained on), top-p or top-k sampling needs the
     sampler's log-probs, since the update can only correct for a truncated distribution it
     knows: with raw or no log-probs it is refused here, not after the whole rollout."""
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     info: dict[str, Any] = {}
     if hasattr(backend, "check_server"):
@@ -122,7 +122,7 @@ def load_backend(name: str, model: str, **kwargs: Any) -> Backend:
     """Instantiate a backend by registry name or ``module:Class`` (imports lazily)."""
     import importlib
 
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     target = BACKENDS.get(name, name)
     if ":" not in target:
@@ -134,3 +134,24 @@ def load_backend(name: str, model: str, **kwargs: Any) -> Backend:
         hint = " (install the extra: pip install 'spade[vllm]')" if name == "vllm" else ""
         raise SpadeError(f"backend {name!r} is not available here: {exc}{hint}") from None
     return cls(model, **kwargs)
+
+
+# The libraries each backend imports when it is built (the backend modules themselves import
+# lazily, so importing them proves nothing). openai needs only a tokenizer beside the stdlib client.
+BACKEND_NEEDS = {"hf": ("torch", "transformers"), "vllm": ("vllm",), "openai": ("transformers",),
+                 "fake": ()}
+
+
+def probe_backends() -> dict:
+    from importlib.util import find_spec
+
+    out = {}
+    for name in BACKENDS:
+        needs = BACKEND_NEEDS.get(name, ())
+        missing = [m for m in needs if find_spec(m) is None]
+        if missing:
+            hint = " (pip install 'spade[vllm]')" if name == "vllm" else ""
+            out[name] = {"ok": False, "detail": f"missing: {', '.join(missing)}{hint}"}
+        else:
+            out[name] = {"ok": True, "detail": "installed: " + (", ".join(needs) or "nothing needed")}
+    return out

@@ -117,7 +117,7 @@ class HFBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        from spade_cli.artifacts import SpadeError
+        from spade_cli.core.artifacts import SpadeError
 
         if dtype not in DTYPES:
             raise SpadeError(f"hf backend: dtype {dtype!r} is not one of {', '.join(DTYPES)}")

@@ -57,8 +57,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError
 from spade_cli.backends import GenSample, Sampling, sample_seed
+from spade_cli.core.artifacts import SpadeError
 
 _REJECTED = (400, 404, 415, 422)  # what servers answer to a token-list prompt or unknown fields
 

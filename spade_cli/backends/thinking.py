@@ -51,7 +51,7 @@ class Thinking:
 
     def bind(self, tokenizer: Any) -> Thinking:
         """These budgets with the tokenizer's ``<think>``/``</think>`` ids resolved."""
-        from spade_cli.artifacts import SpadeError
+        from spade_cli.core.artifacts import SpadeError
 
         if self.overflow not in OVERFLOW:
             raise SpadeError(f"think overflow must be one of {', '.join(OVERFLOW)}, got {self.overflow!r}")
@@ -184,7 +184,7 @@ def template_drops_reasoning(tokenizer: Any, enable_thinking: bool = True) -> bo
 
 def resolve_think_context(tokenizer: Any, cfg: Any) -> str:
     """``keep`` or ``drop`` for ``cfg.think_context`` (``auto``: what the template does)."""
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     mode = getattr(cfg, "think_context", "auto")
     if mode not in CONTEXTS:

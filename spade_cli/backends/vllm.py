@@ -28,7 +28,7 @@ Data parallelism (``data_parallel_size`` > 1) follows vLLM's offline data-parall
 engine process per GPU group (``CUDA_VISIBLE_DEVICES`` set to its ``tensor_parallel_size``
 devices), each a plain ``vllm.LLM``; a ``generate`` call splits its prompts into contiguous
 slices, one per engine, and joins the answers in order. Prompts carry their own seeds, so what a
-prompt samples does not depend on which engine drew it. ``spade_cli/engine.py`` picks the default
+prompt samples does not depend on which engine drew it. ``spade_cli/backends/engine.py`` picks the default
 layout (every visible GPU).
 
     backend = VLLMBackend("ckpt/iter_0003", dtype="bfloat16", gpu_memory_utilization=0.85)
@@ -54,7 +54,7 @@ class VLLMBackend:
     def __init__(self, model: str, dtype: str = "bfloat16", gpu_memory_utilization: float | None = 0.85,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, seed: int = 0,
                  enforce_eager: bool = False, data_parallel_size: int = 1, **engine_kwargs: Any) -> None:
-        from spade_cli.artifacts import SpadeError
+        from spade_cli.core.artifacts import SpadeError
 
         if dtype not in DTYPES:
             raise SpadeError(f"vllm backend: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -83,7 +83,7 @@ class VLLMBackend:
             return
         from transformers import AutoTokenizer
 
-        from spade_cli.engine import visible_gpu_ids
+        from spade_cli.backends.engine import visible_gpu_ids
 
         ids = visible_gpu_ids()
         if len(ids) < self.engines * tensor_parallel_size:
@@ -163,7 +163,7 @@ class _Engine:
         self.conn.send(msg)
 
     def receive(self) -> Any:
-        from spade_cli.artifacts import SpadeError
+        from spade_cli.core.artifacts import SpadeError
 
         try:
             status, payload = self.conn.recv()

@@ -7,6 +7,18 @@ from typing import Annotated
 
 import typer
 
+from spade_cli.backends.engine import (
+    DataParallelOpt,
+    EnforceEagerOpt,
+    EngineArgOpt,
+    EngineOptions,
+    ForeignServerOpt,
+    GpuMemoryOpt,
+    MaxModelLenOpt,
+    PrefixCachingOpt,
+    TensorParallelOpt,
+    for_backend,
+)
 from spade_cli.cli import (
     PANEL_LOOP,
     BackendOpt,
@@ -23,18 +35,6 @@ from spade_cli.cli import (
     console,
     finish,
     resolved_config,
-)
-from spade_cli.engine import (
-    DataParallelOpt,
-    EnforceEagerOpt,
-    EngineArgOpt,
-    EngineOptions,
-    ForeignServerOpt,
-    GpuMemoryOpt,
-    MaxModelLenOpt,
-    PrefixCachingOpt,
-    TensorParallelOpt,
-    for_backend,
 )
 
 # Help panels keep each options table narrow enough for an 80-column terminal.
@@ -143,7 +143,7 @@ def design(
     if pool is None and not model:
         raise typer.BadParameter("pass --model (a Designer) or --pool (a fixed environment pool)",
                                  param_hint="--model")
-    from spade_cli.curriculum import SIGNALS
+    from spade_cli.designer.curriculum import SIGNALS
 
     if signal not in SIGNALS:
         raise typer.BadParameter(f"{signal!r} is not one of {', '.join(SIGNALS)}", param_hint="--signal")
@@ -151,7 +151,7 @@ def design(
 
     if think_overflow not in OVERFLOW:
         raise typer.BadParameter(f"choose one of {', '.join(OVERFLOW)}", param_hint="--think-overflow")
-    from spade_cli.prompts import CONTRACTS
+    from spade_cli.designer.prompts import CONTRACTS
 
     if contract not in CONTRACTS:
         raise typer.BadParameter(f"{contract!r} is not one of {', '.join(CONTRACTS)}", param_hint="--contract")

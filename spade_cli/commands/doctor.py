@@ -15,9 +15,10 @@ def doctor(as_json: JsonOpt = False) -> None:
     """
     from rich.table import Table
 
+    from spade_cli.backends import probe_backends
     from spade_cli.sandbox.probe import probe_all
 
-    report = probe_all()
+    report = {**probe_all(), "backends": probe_backends()}
     if as_json:
         emit(report)
         return

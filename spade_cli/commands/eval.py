@@ -7,6 +7,18 @@ from typing import Annotated
 
 import typer
 
+from spade_cli.backends.engine import (
+    DataParallelOpt,
+    EnforceEagerOpt,
+    EngineArgOpt,
+    EngineOptions,
+    ForeignServerOpt,
+    GpuMemoryOpt,
+    MaxModelLenOpt,
+    PrefixCachingOpt,
+    TensorParallelOpt,
+    for_backend,
+)
 from spade_cli.cli import (
     PANEL_LOOP,
     BackendOpt,
@@ -19,18 +31,6 @@ from spade_cli.cli import (
     console,
     finish,
     resolved_config,
-)
-from spade_cli.engine import (
-    DataParallelOpt,
-    EnforceEagerOpt,
-    EngineArgOpt,
-    EngineOptions,
-    ForeignServerOpt,
-    GpuMemoryOpt,
-    MaxModelLenOpt,
-    PrefixCachingOpt,
-    TensorParallelOpt,
-    for_backend,
 )
 
 GEN = "Generation"
@@ -169,7 +169,7 @@ def eval_(
         specs = stage.resolve_tasks(tasks, preset)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--tasks") from None
-    from spade_cli.evaluators import check_thinking
+    from spade_cli.evaluation.evaluators import check_thinking
 
     try:
         check_thinking(specs, think_tokens, think_overflow)

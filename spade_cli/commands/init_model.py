@@ -39,7 +39,8 @@ def init_model(
     """
     import json
 
-    from spade_cli import threads, tinymodel
+    from spade_cli.core import threads
+    from spade_cli.models import tinymodel
 
     if from_gguf is not None:
         _from_gguf(from_gguf, out, dtype, force)
@@ -64,8 +65,9 @@ def init_model(
 def _from_gguf(src: Path, out: Path, dtype: str, force: bool) -> None:
     import json
 
-    from spade_cli import gguf, threads
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core import threads
+    from spade_cli.core.artifacts import SpadeError
+    from spade_cli.models import gguf
 
     if dtype not in gguf.DTYPES:
         raise typer.BadParameter(f"choose one of {', '.join(gguf.DTYPES)}", param_hint="--dtype")

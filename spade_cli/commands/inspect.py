@@ -146,7 +146,7 @@ def inspect(
     Example: [bold]spade inspect runs/demo/iter_0000/validated.jsonl --where reason=trivial --row 0[/]
     """
     from spade_cli import summary
-    from spade_cli.artifacts import SpadeError
+    from spade_cli.core.artifacts import SpadeError
 
     try:
         cond = summary.parse_where(where or [])

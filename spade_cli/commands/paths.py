@@ -27,7 +27,7 @@ def paths(
     """
     import shlex
 
-    from spade_cli.layout import RunLayout, parse_shard
+    from spade_cli.core.layout import RunLayout, parse_shard
 
     try:
         shard_t = parse_shard(shard) if shard else None

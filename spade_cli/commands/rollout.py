@@ -8,6 +8,18 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from spade_cli.backends.engine import (
+    DataParallelOpt,
+    EnforceEagerOpt,
+    EngineArgOpt,
+    EngineOptions,
+    ForeignServerOpt,
+    GpuMemoryOpt,
+    MaxModelLenOpt,
+    PrefixCachingOpt,
+    TensorParallelOpt,
+    for_backend,
+)
 from spade_cli.cli import (
     PANEL_LOOP,
     BackendOpt,
@@ -26,18 +38,6 @@ from spade_cli.cli import (
     finish,
 )
 from spade_cli.commands.validate import ScratchOpt
-from spade_cli.engine import (
-    DataParallelOpt,
-    EnforceEagerOpt,
-    EngineArgOpt,
-    EngineOptions,
-    ForeignServerOpt,
-    GpuMemoryOpt,
-    MaxModelLenOpt,
-    PrefixCachingOpt,
-    TensorParallelOpt,
-    for_backend,
-)
 
 GEN = "Generation"
 PLAY = "Episodes"
@@ -156,7 +156,7 @@ def rollout(
 
     Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 4 --out rollouts.jsonl[/]
     """
-    from spade_cli.episodes import PlayConfig
+    from spade_cli.rollout.episodes import PlayConfig
     from stages import rollout as stage
 
     for name, value, allowed in (("--batching", batching, stage.BATCHING),

@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from spade_cli.cli import PANEL_HELPERS, command, console, finish
-from spade_cli.engine import (
+from spade_cli.backends.engine import (
     DataParallelOpt,
     EnforceEagerOpt,
     EngineArgOpt,
@@ -18,6 +17,7 @@ from spade_cli.engine import (
     PrefixCachingOpt,
     TensorParallelOpt,
 )
+from spade_cli.cli import PANEL_HELPERS, command, console, finish
 
 ACTIONS = ("sleep", "wake-up", "stop", "status")
 

@@ -65,12 +65,12 @@ def warmstart(
 
     The prompts are the Designer prompts `spade design` builds; use the same --excerpt-chars,
     --example and --thinking there. --solver-seeds N also imitates the scripted solvers of the
-    starter envs (spade_cli/solvers.py), played by the rollout engine on seeds that
+    starter envs (spade_cli/envs/solvers.py), played by the rollout engine on seeds that
     rollout and eval never draw, so the Agent starts with partial success for GRPO to improve.
 
     Example: [bold]spade warmstart --model ckpt/small --out ckpt/warm --epochs 12 --max-examples 6[/]
     """
-    from spade_cli.prompts import CONTRACTS
+    from spade_cli.designer.prompts import CONTRACTS
     from stages import warmstart as stage
 
     if epochs == 0 and agent_episodes == 0:

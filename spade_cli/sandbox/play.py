@@ -2,7 +2,7 @@
 
 validate (``stages/validate.py``) plays its contract, determinism and probe episodes through it,
 and its hack checks (``stages/validate_hacks.py``) and the behavioural fingerprint
-(``spade_cli/behaviour.py``) replay policies the same way; it lives here, below all of them, so
+(``spade_cli/checks/behaviour.py``) replay policies the same way; it lives here, below all of them, so
 that none of them imports another to reach it.
 """
 

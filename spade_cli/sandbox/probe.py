@@ -188,29 +188,6 @@ def probe_gpus() -> dict:
             "detail": "; ".join(names) or (", ".join(devs) if devs else "none")}
 
 
-# The libraries each backend imports when it is built (the backend modules themselves import
-# lazily, so importing them proves nothing). openai needs only a tokenizer beside the stdlib client.
-BACKEND_NEEDS = {"hf": ("torch", "transformers"), "vllm": ("vllm",), "openai": ("transformers",),
-                 "fake": ()}
-
-
-def probe_backends() -> dict:
-    from importlib.util import find_spec
-
-    from spade_cli.backends import BACKENDS
-
-    out = {}
-    for name in BACKENDS:
-        needs = BACKEND_NEEDS.get(name, ())
-        missing = [m for m in needs if find_spec(m) is None]
-        if missing:
-            hint = " (pip install 'spade[vllm]')" if name == "vllm" else ""
-            out[name] = {"ok": False, "detail": f"missing: {', '.join(missing)}{hint}"}
-        else:
-            out[name] = {"ok": True, "detail": "installed: " + (", ".join(needs) or "nothing needed")}
-    return out
-
-
 def choose_tier(tier: str = "auto", min_tier: str = "process") -> tuple[str, str | None, list[str]]:
     """(tier, bwrap path, warnings); raises SandboxUnavailable below ``min_tier``."""
     if tier not in ("auto", *_TIER_RANK) or min_tier not in _TIER_RANK:
@@ -245,10 +222,10 @@ def choose_tier(tier: str = "auto", min_tier: str = "process") -> tuple[str, str
 
 
 def probe_all() -> dict:
-    """Everything ``spade doctor`` shows, plus the tier a default pool would use."""
+    """What ``spade doctor`` shows of confinement and GPUs, plus the tier a default pool would use."""
     report = {"identity": probe_identity(), "bubblewrap": probe_bwrap(), "user_namespaces": probe_userns(),
               "landlock": probe_landlock(), "seccomp": probe_seccomp(), "cgroups": probe_cgroups(),
-              "gpus": probe_gpus(), "backends": probe_backends()}
+              "gpus": probe_gpus()}
     try:
         tier, _, warnings = choose_tier("auto", "process")
         report["tier"] = {"ok": True, "tier": tier, "warnings": warnings}

@@ -239,7 +239,7 @@ def reply(obs: list[str], hinted: bool) -> str:
     return "?"
 
 
-# -- an oracle for the quickstart's family designs (spade_cli/family.py) ----------------------------
+# -- an oracle for the quickstart's family designs (spade_cli/envs/family.py) ----------------------------
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 FAMILY = [
     (r"Word: (\w+)\. Spell it backwards", lambda m: m[1][::-1]),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli import pool as pools
-from spade_cli.keyed import Table
+from spade_cli.checks.keyed import Table
+from spade_cli.envs import pool as pools
 from tests.conftest import run_spade
 from tests.hostile import keyed_cases as kc
 
@@ -38,7 +38,7 @@ class HintedAgent:
         import random
 
         from spade_cli.backends import GenSample
-        from spade_cli.solvers import SOLVERS, USER_TURN
+        from spade_cli.envs.solvers import SOLVERS, USER_TURN
 
         out = []
         for ids in prompts:
@@ -71,7 +71,7 @@ def _designs() -> list[dict]:
 
 def _batches(rows: list[dict]) -> list[list[dict]]:
     """One case per normalised code per input: variants of one template are near-duplicates."""
-    from spade_cli.astnorm import ast_hash
+    from spade_cli.checks.astnorm import ast_hash
 
     batches: list[list[dict]] = []
     for row in rows:
@@ -134,7 +134,7 @@ def _pipeline(tmp_path: Path, batches: list[list[dict]], tiny_model) -> tuple[di
 def test_quickstart_family_designs_keep_their_reward(tmp_path: Path, tiny_model) -> None:
     """Every family design (52: thirteen rules, corrected or marked, paid per round or at the
     end), played by an agent that knows each rule when hinted: valid, unflagged, positive reward."""
-    from spade_cli import family
+    from spade_cli.envs import family
 
     rows = [{"schema": "spade.design/1", "title": e["name"], "code": e["code"], "hint": e["hint"],
              "gen": {"backend": "pool"}} for e in family.members(0)]

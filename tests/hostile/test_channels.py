@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli.records import env_id_for
+from spade_cli.core.records import env_id_for
 from tests.conftest import run_spade
 from tests.hostile.test_isolation import FORGE, assert_pool_serves, env, play
 from tests.test_sandbox_hostile import tier_pool  # noqa: F401 - the two-tier pool fixture
@@ -208,7 +208,7 @@ def test_rollout_seeds_follow_the_envs_file(tmp_path: Path, tiny_model) -> None:
     """Rollout's seeds are keyed by its input too: the same env beside another design gets other
     seeds, none of them the unkeyed seed an env could compute for itself, while a file that
     differs only in validation's timings gives the same seeds (runs must repeat)."""
-    from spade_cli.episodes import episode_seed
+    from spade_cli.rollout.episodes import episode_seed
 
     code = env("")
     row = {"schema": "spade.validation/1", "code": code, "hint": "some hint text", "valid": True,
@@ -236,8 +236,8 @@ def test_rollout_seeds_follow_the_envs_file(tmp_path: Path, tiny_model) -> None:
 @pytest.mark.unit
 def test_the_samplers_draws_are_part_of_the_key() -> None:
     """One design alone: its id is public to it, the log-probabilities its sampler drew are not."""
-    from spade_cli.episodes import seed_key, seed_material
-    from spade_cli.records import parse
+    from spade_cli.core.records import parse
+    from spade_cli.rollout.episodes import seed_key, seed_material
 
     base = {"schema": "spade.design/1", "code": env(""), "hint": "some hint text"}
     drawn = [parse({**base, "tokens": {"prompt_ids": [1], "completion_ids": [5, 6], "logprobs": [lp, -0.5]}},

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_cli import pool as pools
-from spade_cli import probes
+from spade_cli.checks import probes
+from spade_cli.envs import pool as pools
 from tests.conftest import run_spade
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,7 @@ def _validate(tmp_path: Path, rows: list[dict]) -> list[dict]:
 
 
 def test_every_hack_is_rejected(tmp_path: Path) -> None:
-    from spade_cli.astnorm import ast_hash
+    from spade_cli.checks.astnorm import ast_hash
 
     rows = [{"schema": "spade.design/1", "title": name, "code": code, "hint": hint}
             for name, (hint, code, _) in CASES.items()]
@@ -145,7 +145,7 @@ class Echo(gym.Env):
 def test_regret_flags_a_seed_invariant_solution(tmp_path: Path) -> None:
     """Hinted episodes that win with the same actions on every seed: flagged, rewarded like an
     invalid design, kept out of replay; a seed-dependent solution is not flagged."""
-    from spade_cli.records import Validation, to_row
+    from spade_cli.core.records import Validation, to_row
 
     hack_code = CASES["sequence_numbers"][1]
     rows = [to_row(Validation(code=hack_code, hint=CASES["sequence_numbers"][0], title="hack", valid=True)),
@@ -182,8 +182,8 @@ def test_regret_flags_a_seed_invariant_solution(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_a_flagged_env_is_never_labelled_learnable() -> None:
-    from spade_cli.prompts import memory_summary
-    from spade_cli.records import parse
+    from spade_cli.core.records import parse
+    from spade_cli.designer.prompts import memory_summary
 
     entry = {"iteration": 0, "unhinted_mean": 0.0, "hinted_mean": 1.0, "regret": 1.0}
     rows = [parse({"schema": "spade.memory/1", "env_id": "a", "title": "hack", "history": [entry],

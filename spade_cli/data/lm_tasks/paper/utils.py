@@ -3,7 +3,7 @@
 AIME answers are matched with lm-eval's own AIME normaliser (``lm_eval.tasks.aime.utils``); the
 score of an item is the mean over its ``repeats`` samples, which is pass@1 averaged over k
 samples as the paper reports it. GPQA reuses lm-eval's GPQA choice shuffling. LiveCodeBench
-programs run in spade's sandbox (``spade_cli.lcb``).
+programs run in spade's sandbox (``spade_cli.evaluation.lcb``).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ def aime_results(doc: dict, results: list[str]) -> dict[str, float]:
 
 
 def lcb_docs(dataset):  # noqa: ANN001, ANN201 - a datasets.Dataset in and out
-    from spade_cli.lcb import prompt
+    from spade_cli.evaluation.lcb import prompt
 
     return dataset.map(lambda doc: {"spade_prompt": prompt(doc)})
 
 
 def lcb_results(doc: dict, results: list[str]) -> dict[str, float]:
-    from spade_cli.lcb import score
+    from spade_cli.evaluation.lcb import score
 
     passed = [score(doc, r) for r in results]
     return {"pass@1": sum(passed) / len(passed)}

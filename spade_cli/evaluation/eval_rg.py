@@ -20,12 +20,12 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.artifacts import SpadeError, write_jsonl
-from spade_cli.eval_stats import mean_stderr
-from spade_cli.records import Eval
+from spade_cli.core.artifacts import SpadeError, write_jsonl
+from spade_cli.core.records import Eval
+from spade_cli.evaluation.eval_stats import mean_stderr
 
 if TYPE_CHECKING:  # annotations only: evaluators imports this module to dispatch rg: tasks
-    from spade_cli.evaluators import EvalContext, TaskSpec
+    from spade_cli.evaluation.evaluators import EvalContext, TaskSpec
 
 # Room for a thinking model's reasoning before its <answer> (1024 cut most Qwen3 answers off).
 RG_MAX_TOKENS = 8192

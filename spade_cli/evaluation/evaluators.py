@@ -13,7 +13,7 @@ A task spec is ``kind:name[:N]``:
 - ``envs:<validated.jsonl>`` plays a held-out environment suite without the hint through the
   rollout stage and reports the mean unhinted return.
 - ``bfcl:multi_turn[:N]`` and ``tau2:<domain>[:N]``: BFCL v4 multi-turn and tau2-bench from their
-  own packages (``spade_cli.eval_bfcl``, ``spade_cli.eval_tau2``).
+  own packages (``spade_cli.evaluation.eval_bfcl``, ``spade_cli.evaluation.eval_tau2``).
 - ``evalscope:<benchmark>`` runs an evalscope benchmark (``bfcl_v4``, ``acebench``,
   ``tau2_bench``, ``live_code_bench``) as a subprocess against an OpenAI-compatible server and
   reads its report JSON from ``OUT.evalscope/<benchmark>/``.
@@ -23,7 +23,7 @@ tasks spade generates itself (``rg:``, ``envs:``, ``bfcl:``, ``tau2:``), through
 ``spade_cli.backends.thinking``; ``lm:`` and ``evalscope:`` generate inside their own harness in one
 phase, so ``spade eval`` refuses those flags with them (``THINKING_KINDS``).
 
-The ``rg:`` adapter lives in ``spade_cli.eval_rg`` (re-exported here); the ``evalscope:`` and
+The ``rg:`` adapter lives in ``spade_cli.evaluation.eval_rg`` (re-exported here); the ``evalscope:`` and
 ``envs:`` adapters live in ``stages/eval.py`` beside the registry that maps
 kinds to adapters. Every adapter returns ``spade.eval/1`` rows, one per (task, metric). The tiny model in the tests
 scores near zero everywhere; the point there is that the real harnesses run end to end offline.
@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, atomic_write_text, write_jsonl
-from spade_cli.eval_rg import (  # noqa: F401  (Reasoning Gym lives there; its names stay importable from here)
+from spade_cli.core.artifacts import SpadeError, atomic_write_text, write_jsonl
+from spade_cli.core.records import Eval
+from spade_cli.evaluation.eval_rg import (  # noqa: F401  (Reasoning Gym lives there; its names stay importable from here)
     RG_GROUPS,
     extract_answer,
     rg_category,
@@ -47,12 +48,11 @@ from spade_cli.eval_rg import (  # noqa: F401  (Reasoning Gym lives there; its n
     rg_items,
     run_rg,
 )
-from spade_cli.eval_stats import finite, mean_stderr  # noqa: F401  (re-exported)
-from spade_cli.records import Eval
+from spade_cli.evaluation.eval_stats import finite, mean_stderr  # noqa: F401  (re-exported)
 
 KINDS = ("lm", "rg", "envs", "bfcl", "tau2", "evalscope")
 THINKING_KINDS = ("rg", "envs", "bfcl", "tau2")  # the kinds spade generates for, two phases possible
-PACKAGED_TASKS = Path(__file__).resolve().parent / "data" / "lm_tasks"
+PACKAGED_TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_tasks"
 # The paper's held-out suite (docs/architecture.md, 'The method') with a sampling setting per benchmark: samples per item
 # (the score is pass@1 averaged over them), temperature, max new tokens. The settings are the
 # Qwen3 thinking-mode ones (temperature 0.6, 32k tokens; 16 samples on the 30-problem AIME sets,
@@ -168,7 +168,7 @@ class EvalContext:
     think_overflow: str = "close"
     force: bool = False
     log: Callable[[str], None] = lambda msg: None
-    engine: Any = None  # spade_cli.engine.EngineOptions of --backend vllm
+    engine: Any = None  # spade_cli.backends.engine.EngineOptions of --backend vllm
     accept_foreign_server: bool = False
     checked: dict = field(default_factory=dict)  # what preflight found: the server, the log-prob mode
     _backend: Any = field(default=None, repr=False)

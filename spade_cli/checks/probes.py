@@ -24,7 +24,7 @@ same for every seed is. Reasons: ``hint_is_answer`` and ``format_only`` (docs/ar
 What this does not catch: a hint that encodes the answer in a way no probe reproduces (a cipher,
 an instruction the agent must follow), a reward keyed to a form the hint does not name, or an
 answer that changes with the seed. Hints that are answer tables keyed by what the observation
-shows are ``answer_table``'s (``spade_cli/keyed.py``); the regret audits (replaying hinted
+shows are ``answer_table``'s (``spade_cli/checks/keyed.py``); the regret audits (replaying hinted
 solutions on other seeds, and content-free on their own) are the second line (docs/regret.md).
 
     replies = hint_replies("Say the passphrase: quokka-saffron-17")

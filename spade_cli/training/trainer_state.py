@@ -30,7 +30,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, atomic_write_text
+from spade_cli.core.artifacts import SpadeError, atomic_write_text
 
 STATE_DIR = "trainer_state"
 META = "spade_state.json"
@@ -156,8 +156,8 @@ def audit(served_before: dict, master_before: dict | None, master_after: dict, s
     the fp32 update. ``rounding_lost_fraction``: ||served update - master update|| / ||master
     update|| (0 when serving in fp32; near 1 when the update is rounded away). ``residual_l2``:
     ||masters - served|| after the update, which only the trainer state carries forward.
-    The snapshots may be one process's share (``spade_cli.masters``): then reduce the sums first.
+    The snapshots may be one process's share (``spade_cli.training.masters``): then reduce the sums first.
     """
-    from spade_cli import masters
+    from spade_cli.training import masters
 
     return masters.figures(masters.sums(served_before, master_before, master_after, served_after))

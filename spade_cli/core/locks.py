@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from spade_cli.errors import SpadeError
+from spade_cli.core.errors import SpadeError
 
 _HELD: dict[str, OutputLock] = {}  # locks this process holds, by lock path
 

@@ -44,18 +44,18 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from spade_cli.artifacts import SpadeError
 from spade_cli.backends import Sampling, render_chat
 from spade_cli.backends.thinking import Thinking, answer_only, generate_thinking, resolve_think_context
-from spade_cli.episode_state import (  # noqa: F401  (re-exported: stages import them from here)
+from spade_cli.core.artifacts import SpadeError
+from spade_cli.core.records import Rollout
+from spade_cli.rollout.episode_state import (  # noqa: F401  (re-exported: stages import them from here)
     EnvSource,
     Episode,
     EpisodeSpec,
     PlayConfig,
     Stats,
 )
-from spade_cli.episodes_continuous import Continuous
-from spade_cli.records import Rollout
+from spade_cli.rollout.episodes_continuous import Continuous
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 
 SYSTEM_PROMPT = (

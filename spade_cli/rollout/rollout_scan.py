@@ -20,8 +20,8 @@ from pathlib import Path
 
 import msgspec
 
-from spade_cli.artifacts import InputError, json_line, open_input
-from spade_cli.records import SchemaError, field_message, return_problem, upgrade
+from spade_cli.core.artifacts import InputError, json_line, open_input
+from spade_cli.core.records import SchemaError, field_message, return_problem, upgrade
 
 
 def _flat_object(buf: bytes, start: int, end: int) -> bool:

@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
-from spade_cli.artifacts import SpadeError
+from spade_cli.core.artifacts import SpadeError
 
 PANEL = "Engine (vllm)"
 # The CLI parameter names of the engine options: how a stage runs, not what it produces.

@@ -32,9 +32,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, write_jsonl
-from spade_cli.eval_stats import mean_stderr
-from spade_cli.records import Eval
+from spade_cli.core.artifacts import SpadeError, write_jsonl
+from spade_cli.core.records import Eval
+from spade_cli.evaluation.eval_stats import mean_stderr
 
 DOMAINS = ("airline", "retail", "telecom")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)

@@ -9,7 +9,7 @@
   ``--pool starter`` names four short environments used to warm-start small models: rounds of
   copying, a rule, a successor and a lookup, each scored a quarter per round, so a small model
   wins part of an episode and GRPO groups have reward spread. ``--pool family`` generates 52
-  envs of one skeleton (rule x feedback x scoring, ``spade_cli/family.py``): Designer warm-start
+  envs of one skeleton (rule x feedback x scoring, ``spade_cli/envs/family.py``): Designer warm-start
   targets for a small model (docs/results.md: how the Designer came to train).
 - a ``.jsonl`` file of design (or validation) records, e.g. the designs of a frozen Designer;
 - ``rg:NAME,NAME,...``: reasoning-gym tasks wrapped as single-turn environments. Each environment
@@ -49,14 +49,14 @@ import hashlib
 import json
 from pathlib import Path
 
-from spade_cli.artifacts import InputError, SpadeError, read_rows
-from spade_cli.records import Design, env_id_for
+from spade_cli.core.artifacts import InputError, SpadeError, read_rows
+from spade_cli.core.records import Design, env_id_for
 
-BUNDLED_POOL = Path(__file__).resolve().parent / "data" / "pool"
+BUNDLED_POOL = Path(__file__).resolve().parents[1] / "data" / "pool"
 # Four short environments (~800 bytes each) that a 13M-parameter model learns in minutes on a CPU:
 # the quickstart warm-starts its Agent on their solvers' episodes (`spade warmstart --agent-pool starter`).
-STARTER_POOL = Path(__file__).resolve().parent / "data" / "starter"
-# ``family``: the generated skeleton x rule x feedback x scoring envs (spade_cli/family.py), Designer
+STARTER_POOL = Path(__file__).resolve().parents[1] / "data" / "starter"
+# ``family``: the generated skeleton x rule x feedback x scoring envs (spade_cli/envs/family.py), Designer
 # warm-start targets for a small model. Its "path" is the generator, so a stage that reads it
 # is out of date when the generator changes.
 FAMILY_POOL = Path(__file__).resolve().parent / "family.py"
@@ -71,7 +71,7 @@ def pool_path(spec: str) -> Path:
 def load_envs(spec: str) -> list[dict]:
     """``{name, title, code, hint, source}`` of every environment of a named pool, folder or file."""
     if spec == "family":
-        from spade_cli import family
+        from spade_cli.envs import family
 
         return [{**e, "source": f"family:{e['name']}"} for e in family.members(0)]
     path = pool_path(spec)

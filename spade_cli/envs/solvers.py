@@ -9,7 +9,7 @@ the default is 0, because a noisy teacher mostly teaches noise: with 192 episode
 model reached a held-out return of 0.29 imitating 20% noise and 0.77 / 0.53 (two seeds) imitating
 none, still short of solving three of the four envs (docs/results.md, "The CPU quickstart").
 
-The samples are made by the rollout engine itself (``spade_cli.episodes.Engine``) in the real
+The samples are made by the rollout engine itself (``spade_cli.rollout.episodes.Engine``) in the real
 sandbox, with a scripted backend in place of the model, so prompt, chat template, splicing and the
 agent-token mask are exactly what ``spade rollout`` produces; only the replies differ.
 
@@ -116,7 +116,7 @@ def play(tokenizer: Any, envs: list[dict], episodes: int, *, noise: float, seed:
          enable_thinking: bool) -> list[Any]:
     """``episodes`` pairs (unhinted and hinted, one seed) of each env that has a solver, played by
     the rollout engine in the sandbox; returns the rollout records."""
-    from spade_cli.episodes import Engine, EnvSource, EpisodeSpec, PlayConfig, episode_id
+    from spade_cli.rollout.episodes import Engine, EnvSource, EpisodeSpec, PlayConfig, episode_id
     from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool
 
     cfg = PlayConfig(max_turns=max_turns, enable_thinking=enable_thinking, temperature=0.0, seed=seed)

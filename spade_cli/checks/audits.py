@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from spade_cli.artifacts import open_input
+from spade_cli.core.artifacts import open_input
 
 AUDIT_ITERATION = -2  # replay seeds come from episode_seed in an iteration of their own
 SOLVED = 0.8          # a return at least this high is a success (validate's `trivial` threshold)
@@ -69,7 +69,7 @@ def read_actions(locations: dict[str, tuple[Path, int]], seeds: dict[str, int] |
 
 
 def replay_seed(run_seed: int, env_id: str, i: int, key: str = "") -> int:
-    from spade_cli.episodes import episode_seed
+    from spade_cli.rollout.episodes import episode_seed
 
     return episode_seed(run_seed, AUDIT_ITERATION, env_id, i, key)
 

@@ -1,7 +1,7 @@
 """The state of episodes in play: their configuration, specs, token streams and counters.
 
-Plain dataclasses shared by the lockstep engine (``spade_cli.episodes``) and the continuous one
-(``spade_cli.episodes_continuous``); neither engine is imported here, so both import this module at
+Plain dataclasses shared by the lockstep engine (``spade_cli.rollout.episodes``) and the continuous one
+(``spade_cli.rollout.episodes_continuous``); neither engine is imported here, so both import this module at
 the top. ``Episode.record`` turns a finished episode into its ``spade.rollout/1`` row (the token
 layout: docs/architecture.md, 'Records').
 """
@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from spade_cli.records import Rollout
+from spade_cli.core.records import Rollout
 
 
 @dataclass(frozen=True)

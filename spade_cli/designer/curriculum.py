@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from spade_cli.records import Validation, to_row
+from spade_cli.core.records import Validation, to_row
 
 EMA_ALPHA = 0.1
 LP_THETA = 0.1

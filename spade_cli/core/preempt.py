@@ -11,7 +11,7 @@ when it preempts a job; the sbatch recipes answer exit code 75 (``EX_TEMPFAIL``,
   env process of the sandbox that got the same signal reports a crash): it is simply redone.
 - ``spade update`` trains inside ``deferred()``: the signal only sets the flag and the trainer
   checks ``requested()`` between optimizer steps, where it saves its state as a partial (see
-  ``spade_cli.trainer_state.save_partial``) before raising ``Preempted``.
+  ``spade_cli.training.trainer_state.save_partial``) before raising ``Preempted``.
 - With nothing open (model loading, one-shot stages) there is no boundary to wait for, and
   ``Preempted`` is raised at once: every output is written atomically, so nothing half-done is
   ever published.
@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from spade_cli.errors import SpadeError
+from spade_cli.core.errors import SpadeError
 
 EXIT_PREEMPTED = 75
 

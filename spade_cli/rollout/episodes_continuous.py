@@ -47,10 +47,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.episode_state import Episode, EpisodeSpec, Stats
+from spade_cli.rollout.episode_state import Episode, EpisodeSpec, Stats
 
 if TYPE_CHECKING:  # the lockstep engine imports this module; it is only a type here
-    from spade_cli.episodes import Engine
+    from spade_cli.rollout.episodes import Engine
 
 
 class _Clock:

@@ -41,9 +41,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from spade_cli.artifacts import InputError, SpadeError
+from spade_cli.core.artifacts import InputError, SpadeError
 
-BUNDLED = Path(__file__).resolve().parent / "data" / "corpus"
+BUNDLED = Path(__file__).resolve().parents[1] / "data" / "corpus"
 TEXT_FIELDS = ("text", "content", "document", "body")
 ID_FIELDS = ("id", "doc_id", "url", "title")
 

@@ -12,10 +12,10 @@ Every stage follows one protocol (docs/architecture.md, 'Write-once files, manif
    manifest's existence means the output is complete.
 
 From the moment ``Stage.check`` finds work to do until the manifest is written, the stage holds
-``OUT.lock`` (``spade_cli.locks``): a second writer of the same output fails at once naming the
+``OUT.lock`` (``spade_cli.core.locks``): a second writer of the same output fails at once naming the
 holder, and the up-to-date check is repeated under the lock, so a writer that finished meanwhile is
 seen. Rows reach the partial through ``PartialWriter``, which is also where a SIGTERM stops a stage
-(``spade_cli.preempt``): after a complete, fsynced row, never inside one.
+(``spade_cli.core.preempt``): after a complete, fsynced row, never inside one.
 
 Input rows are read with ``read_rows``, which names the file and line of any bad row. Output
 paths are checked by ``check_output`` before any work starts (``Stage.begin`` for the static checks,
@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from spade_cli import __version__, preempt, threads
-from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them from here)
+from spade_cli import __version__
+from spade_cli.core import preempt, threads
+from spade_cli.core.errors import (  # noqa: F401  (re-exported: stages import them from here)
     InputError,
     OutputError,
     SpadeError,
@@ -47,8 +48,8 @@ from spade_cli.errors import (  # noqa: F401  (re-exported: stages import them f
     expand_inputs,
     open_input,
 )
-from spade_cli.locks import describe
-from spade_cli.records import Record, SchemaError, parse, to_row
+from spade_cli.core.locks import describe
+from spade_cli.core.records import Record, SchemaError, parse, to_row
 
 
 def json_line(path: str | Path, lineno: int, raw: bytes) -> Any:
@@ -296,7 +297,7 @@ class Stage:
 
     def lock(self) -> None:
         """Take OUT's exclusive lock (once); a second writer raises LockHeld naming this one."""
-        from spade_cli import locks
+        from spade_cli.core import locks
 
         if self._lock is None:
             self._lock = locks.acquire(self.out)

@@ -81,7 +81,7 @@ def training_text() -> list[str]:
     import string
     import textwrap
 
-    data = Path(__file__).resolve().parent / "data"
+    data = Path(__file__).resolve().parents[1] / "data"
     files = sorted(f for f in data.glob("**/*") if f.suffix in (".py", ".hint", ".jsonl", ".txt", ".yaml"))
     files += [Path(m.__file__) for m in (json_mod, string, textwrap)]
     texts = []

@@ -37,9 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from spade_cli.artifacts import SpadeError, write_jsonl
-from spade_cli.eval_stats import mean_stderr
-from spade_cli.records import Eval
+from spade_cli.core.artifacts import SpadeError, write_jsonl
+from spade_cli.core.records import Eval
+from spade_cli.evaluation.eval_stats import mean_stderr
 
 MULTI_TURN = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 _THINK_END = "</think>"
