@@ -66,8 +66,8 @@ from spade_cli.core.records import (
     to_row,
 )
 from spade_cli.designer import curriculum
-from spade_cli.rollout.episodes import seed_key, seed_material
 from spade_cli.rollout.rollout_scan import scan_rollouts
+from spade_cli.rollout.seeds import seed_key, seed_material
 
 STAGE = "regret"
 

@@ -61,7 +61,7 @@ from pathlib import Path
 from spade_cli.checks import astnorm, behaviour, probes
 from spade_cli.core.artifacts import SpadeError, Stage, expand_inputs, read_rows
 from spade_cli.core.records import Design, Memory, env_id_for, to_row, validation_from
-from spade_cli.rollout.episodes import episode_seed, seed_key, seed_material
+from spade_cli.rollout.seeds import episode_seed, seed_key, seed_material
 from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool, SandboxUnavailable
 from spade_cli.sandbox.checks import hint_leaks, normalize, return_in_range
 from spade_cli.sandbox.envproc import PARSE_LOCK

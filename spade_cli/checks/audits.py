@@ -69,7 +69,7 @@ def read_actions(locations: dict[str, tuple[Path, int]], seeds: dict[str, int] |
 
 
 def replay_seed(run_seed: int, env_id: str, i: int, key: str = "") -> int:
-    from spade_cli.rollout.episodes import episode_seed
+    from spade_cli.rollout.seeds import episode_seed
 
     return episode_seed(run_seed, AUDIT_ITERATION, env_id, i, key)
 
@@ -92,7 +92,7 @@ def replay(worker, name: str, seed: int, actions: list[str]) -> float:
 def seed_invariance(solutions: dict[str, tuple[str, list[str]]], pool, *, run_seed: int, k: int = 4,
                     min_share: float = 0.75, key: str = "") -> dict[str, dict]:
     """Per env: the replay's figures and whether they make it ``seed_invariant``. ``key``
-    (``episodes.seed_key``) makes the replay seeds ones the env cannot tell from rollout's."""
+    (``seeds.seed_key``) makes the replay seeds ones the env cannot tell from rollout's."""
     from spade_cli.sandbox import EnvError
 
     out: dict[str, dict] = {}
