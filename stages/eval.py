@@ -77,7 +77,10 @@ def evalscope_command(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[
     gen = {"temperature": ctx.temperature, "seed": ctx.seed}
     if ctx.max_tokens:
         gen["max_tokens"] = ctx.max_tokens
-    cmd = [*ctx.evalscope_bin.split(), "eval", "--model", ctx.model, "--api-url", ctx.base_url.rstrip("/"),
+    # --backend openai: the server is checked as for spade's own tasks, and asked for the name it
+    # serves (spade serve's fixed "spade", which is not the checkpoint path)
+    name = ctx.generator().served_model if ctx.backend == "openai" else ctx.model
+    cmd = [*ctx.evalscope_bin.split(), "eval", "--model", name, "--api-url", ctx.base_url.rstrip("/"),
            "--api-key", os.environ.get("OPENAI_API_KEY", "EMPTY"), "--eval-type", "openai_api",
            "--datasets", spec.name, "--work-dir", str(work_dir),
            "--seed", str(ctx.seed), "--eval-batch-size", str(ctx.batch_size),

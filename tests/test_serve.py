@@ -244,9 +244,9 @@ def test_serve_restarts_where_the_engine_cannot_reload(two_ckpts, tmp_path, stan
 
 
 @pytest.mark.integration
-def test_lm_eval_tasks_sample_through_the_served_name_and_check_the_checkpoint(two_ckpts, tmp_path, standin):
-    """lm-eval's ``local-chat-completions`` names the model the server serves ("spade"), not the
-    checkpoint path, and an lm: task is refused on a server that holds another checkpoint."""
+def test_harness_tasks_sample_through_the_served_name_and_check_the_checkpoint(two_ckpts, tmp_path, standin):
+    """lm-eval's ``local-chat-completions`` and evalscope name the model the server serves ("spade"),
+    not the checkpoint path, and an lm: task is refused on a server that holds another checkpoint."""
     a, b = two_ckpts
     run = tmp_path / "run"
     common = ["--run-dir", run, "--port", str(_free_port()), "--vllm-python", sys.executable]
@@ -263,6 +263,18 @@ def test_lm_eval_tasks_sample_through_the_served_name_and_check_the_checkpoint(t
         assert server["verified"] and server["checkpoint"] == str(a.resolve()) and server["served_model"] == "spade"
         rows = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
         assert rows and all(r["harness"] == "lm-eval" and r["model"] == str(a) for r in rows)
+
+        # evalscope (a stand-in executable with its CLI) is asked for the served name too
+        fake = tmp_path / "fake_evalscope.py"
+        fake.write_text("import json, sys, pathlib\n"
+                        "opt = dict(zip(sys.argv[2::2], sys.argv[3::2]))\n"
+                        "p = pathlib.Path(opt['--work-dir'], 'reports', opt['--model'], opt['--datasets'] + '.json')\n"
+                        "p.parent.mkdir(parents=True)\n"
+                        "p.write_text(json.dumps({'metrics': [{'name': 'acc', 'score': 0.5, 'num': 2}]}))\n")
+        res = run_spade("eval", "--model", a, "--tasks", "evalscope:bfcl_v4", "--backend", "openai", "--base-url", url,
+                        "--evalscope-bin", f"{sys.executable} {fake}", "--out", tmp_path / "es.jsonl", env=standin)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert (tmp_path / "es.jsonl.evalscope" / "bfcl_v4" / "reports" / "spade" / "bfcl_v4.json").exists()
 
         before = len(_calls(standin))
         res = run_spade("eval", "--model", b, *task, "--out", tmp_path / "stale.jsonl", env=standin)
