@@ -226,6 +226,13 @@ def test_serve_restarts_where_the_engine_cannot_reload(two_ckpts, tmp_path, stan
         assert json.loads((run / "serve" / "server.json").read_text())["checkpoint"] == str(b.resolve())
         with pytest.raises(ProcessLookupError):
             os.kill(first["pid"], 0)
+        # without sleep mode (CPU) there is nothing to release: the sleep is recorded as skipped
+        slept = _serve("--run-dir", run, "--do", "sleep", "--iteration", "1", env=env)
+        assert slept["note"] == "the server runs without sleep mode"
+        events = [json.loads(x) for x in (run / "serve" / "events.jsonl").read_text().splitlines()]
+        assert [(e["event"], e.get("pid")) for e in events] == [("start", first["pid"]), ("restart", second["pid"]),
+                                                               ("sleep", None)]
+        assert events[-1]["skipped"] and events[-1]["iteration"] == 1
         # a server with raw log-probs: top-p sampling is refused before anything is sampled
         res = run_spade("design", "--model", b, "--backend", "openai", "--base-url", second["url"], "--n", "2",
                         "--group", "2", "--top-p", "0.9", "--out", tmp_path / "d.jsonl", env=env)
