@@ -1,8 +1,8 @@
 """`spade eval`: score a checkpoint on held-out tasks and write one spade.eval/1 row per metric.
 
-Inputs: a checkpoint (a Hugging Face directory or, with ``--backend openai``, the model name a
-server knows) and a list of task specs (``lm:``, ``rg:``, ``envs:``, ``bfcl:``, ``tau2:``,
-``evalscope:``; see ``spade_cli.evaluators``, ``spade_cli.eval_bfcl``, ``spade_cli.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
+Inputs: a checkpoint (a Hugging Face directory or hub id; with ``--backend openai``, the checkpoint
+the server serves, whose tokenizer is loaded and which the server is checked against) and a list
+of task specs (``lm:``, ``rg:``, ``envs:``, ``bfcl:``, ``tau2:``, ``evalscope:``; see ``spade_cli.evaluators``, ``spade_cli.eval_bfcl``, ``spade_cli.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
 model, backend, harness}``, plus each harness's own files beside it (``eval.jsonl.lm_eval/``,
 ``eval.jsonl.rg/``, ``eval.jsonl.bfcl/``, ``eval.jsonl.tau2/``, ``eval.jsonl.evalscope/``).
 
