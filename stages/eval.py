@@ -1,8 +1,10 @@
 """`spade eval`: score a checkpoint on held-out tasks and write one spade.eval/1 row per metric.
 
-Inputs: a checkpoint (a Hugging Face directory or, with ``--backend openai``, the model name a
-server knows) and a list of task specs (``lm:``, ``rg:``, ``envs:``, ``bfcl:``, ``tau2:``,
-``evalscope:``; see ``spade_cli.evaluation.evaluators``, ``spade_cli.evaluation.eval_bfcl``, ``spade_cli.evaluation.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
+Inputs: a checkpoint (a Hugging Face directory or hub id; with ``--backend openai``, the checkpoint
+the server serves, whose tokenizer is loaded and which the server is checked against) and a list
+of task specs (``lm:``, ``rg:``, ``envs:``, ``bfcl:``, ``tau2:``, ``evalscope:``; see
+``spade_cli.evaluation.evaluators``, ``spade_cli.evaluation.eval_bfcl``,
+``spade_cli.evaluation.eval_tau2``). Output: ``eval.jsonl`` with rows ``{task, metric, value, stderr, n,
 model, backend, harness}``, plus each harness's own files beside it (``eval.jsonl.lm_eval/``,
 ``eval.jsonl.rg/``, ``eval.jsonl.bfcl/``, ``eval.jsonl.tau2/``, ``eval.jsonl.evalscope/``).
 
@@ -81,7 +83,10 @@ def evalscope_command(spec: TaskSpec, ctx: EvalContext, work_dir: Path) -> list[
     gen = {"temperature": ctx.temperature, "seed": ctx.seed}
     if ctx.max_tokens:
         gen["max_tokens"] = ctx.max_tokens
-    cmd = [*ctx.evalscope_bin.split(), "eval", "--model", ctx.model, "--api-url", ctx.base_url.rstrip("/"),
+    # --backend openai: the server is checked as for spade's own tasks, and asked for the name it
+    # serves (spade serve's fixed "spade", which is not the checkpoint path)
+    name = ctx.generator().served_model if ctx.backend == "openai" else ctx.model
+    cmd = [*ctx.evalscope_bin.split(), "eval", "--model", name, "--api-url", ctx.base_url.rstrip("/"),
            "--api-key", os.environ.get("OPENAI_API_KEY", "EMPTY"), "--eval-type", "openai_api",
            "--datasets", spec.name, "--work-dir", str(work_dir),
            "--seed", str(ctx.seed), "--eval-batch-size", str(ctx.batch_size),

@@ -278,7 +278,8 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
             return {**summary, "status": "up to date", "url": server.state["url"], "pid": server.state["pid"]}
         try:
             secs = server.load(model)
-            server.log_event("load", seconds=round(secs, 3), checkpoint=str(model), iteration=iteration)
+            server.log_event("load", seconds=round(secs, 3), checkpoint=str(model), iteration=iteration,
+                             pid=server.state["pid"])
             return {**summary, "status": "ok", "action": "load", "seconds": round(secs, 3),
                     "url": server.state["url"], "pid": server.state["pid"]}
         except ReloadUnsupported as exc:
@@ -289,7 +290,8 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
         server.stop()  # a dead or unanswering server: clear its state (and its process group)
     secs = server.start(model, cmd, port, host, wait_s)
     event = "restart" if reason != "no server" else "start"
-    server.log_event(event, seconds=round(secs, 3), checkpoint=str(model), iteration=iteration, reason=reason)
+    server.log_event(event, seconds=round(secs, 3), checkpoint=str(model), iteration=iteration, reason=reason,
+                     pid=server.state["pid"])
     return {**summary, "status": "ok", "action": event, "reason": reason, "seconds": round(secs, 3),
             "url": server.state["url"], "pid": server.state["pid"]}
 
@@ -304,7 +306,10 @@ def control(run_dir: str | Path, action: str, level: int = 1, iteration: int | N
     if not (server.state and server.alive() and server.healthy()):
         raise SpadeError(f"no running server in {server.state_path}; start one with spade serve --model ...")
     if not server.state.get("sleep_mode"):  # vLLM's sleep mode is CUDA-only: nothing to release
-        return {"status": "ok", "action": action, "seconds": 0.0, "note": "the server runs without sleep mode"}
+        note = "the server runs without sleep mode"
+        if action == "sleep":  # the run's record says the update trained beside a resident engine
+            server.log_event("sleep", seconds=0.0, iteration=iteration, skipped=note)
+        return {"status": "ok", "action": action, "seconds": 0.0, "note": note}
     t0 = time.perf_counter()
     if action == "sleep":
         server.sleep(level)

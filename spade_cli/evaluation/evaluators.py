@@ -316,10 +316,15 @@ def _lm_model(ctx: EvalContext) -> tuple[str, dict]:
     if ctx.backend == "openai":
         if not ctx.base_url:
             raise SpadeError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        # the same server check as spade's own tasks (a server holding another checkpoint is
+        # refused); the request names what the server serves (spade serve: "spade"), and the
+        # tokenizer (lm-eval's stop string) comes from the checkpoint
+        served = ctx.generator().served_model
         url = ctx.base_url.rstrip("/")
         if not url.endswith("/chat/completions"):
             url += "/chat/completions"
-        return "local-chat-completions", {"model": ctx.model, "base_url": url,
+        return "local-chat-completions", {"model": served, "base_url": url, "tokenizer": ctx.model,
+                                          "tokenizer_backend": "huggingface", "tokenized_requests": False,
                                           "num_concurrent": ctx.batch_size, "max_retries": 3}
     raise SpadeError(f"lm-eval tasks support the hf, vllm and openai backends, not {ctx.backend!r}")
 
