@@ -34,7 +34,8 @@ PANEL_HELPERS = "Helpers"
 TORCH_COMMANDS = {"design", "rollout", "regret", "update", "eval", "warmstart", "init-model"}
 # Option names retired for one name per concept across commands: {command: {old: new}}. The old
 # names parse for one release with a deprecation note; help shows only the new ones. The option's
-# parameter keeps its name, so manifests and `--config` keys stay what they were.
+# parameter keeps its name, so manifests compare with those of earlier runs; `--config` keys are the
+# new names (the old ones parse for one release too: ``config_keys``).
 RENAMED: dict[str, dict[str, str]] = {
     "regret": {"--audit": "--seed-audit", "--no-audit": "--no-seed-audit"},
     "warmstart": {"--agent-episodes": "--solver-seeds"},  # update's --agent-episodes: which episodes
@@ -54,7 +55,34 @@ NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads",
                 "accept_foreign_server"}  # recorded under the manifest's "server"
 
 
+def config_keys(command: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """The keys a ``--config`` file may give for ``command``: ``({key: parameter}, {old key: new key})``.
+
+    A key is an option's name without its leading dashes (``envs``, ``max-tokens``; ``max_tokens`` too).
+    The old keys are the retired flags of ``RENAMED`` and the parameter names that differ from the
+    option's (``designs`` for ``--envs``): they worked before and parse for one release, with a note.
+    """
+    keys: dict[str, str] = {}
+    old: dict[str, str] = {}
+    public: dict[str, str] = {}  # parameter -> its key
+    for p in command.params:
+        if p.name == "config":
+            continue
+        names = [o[2:] for o in p.opts if o.startswith("--")] if p.param_type_name == "option" else [p.name]
+        for name in names or [p.name]:
+            keys[name] = keys[name.replace("-", "_")] = p.name
+        public[p.name] = (names or [p.name])[0]
+    retired = [(o[2:], n[2:]) for o, n in RENAMED.get(command.name or "", {}).items()]
+    retired += [(name, key) for name, key in public.items() if name.replace("_", "-") != key.replace("_", "-")]
+    for o, n in retired:
+        if n in keys and o not in keys and o.replace("-", "_") not in keys:
+            for k in (o, o.replace("-", "_"), o.replace("_", "-")):
+                keys[k], old[k] = keys[n], n
+    return keys, old
+
+
 def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | None:
+    """Fill ``ctx.default_map`` from the file: a flag given on the command line still wins."""
     if value is None:
         return None
     import yaml
@@ -65,14 +93,28 @@ def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | N
         raise typer.BadParameter(f"cannot read {value}: {exc}") from None
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value} must hold a flat mapping of option names to values")
-    names = {p.name for p in ctx.command.params}
+    keys, old = config_keys(ctx.command)
+    multiple = {p.name: getattr(p, "multiple", False) for p in ctx.command.params}
     mapped: dict[str, Any] = {}
+    given: dict[str, str] = {}  # parameter -> the key that set it
     for key, val in data.items():
-        name = str(key).replace("-", "_")
-        if name not in names or name == "config":
+        key = str(key)
+        name = keys.get(key)
+        if name is None:
             raise typer.BadParameter(f"{value}: unknown option {key!r} for `spade {ctx.info_name}`")
+        if name in given:
+            raise typer.BadParameter(f"{value}: {given[name]!r} and {key!r} name the same setting; give it once")
+        given[name] = key
         # `threads: 4` is a YAML int; the option is text because it also takes `auto`
-        mapped[name] = str(val) if name == "threads" and isinstance(val, int) else val
+        if name == "threads" and isinstance(val, int):
+            val = str(val)
+        # `envs: validated.jsonl` for a repeatable option, as one `--envs validated.jsonl` would give
+        if multiple.get(name) and not isinstance(val, list):
+            val = [val]
+        mapped[name] = val
+    for key in filter(old.__contains__, given.values()):
+        console.print(f"[yellow]note:[/] `{key}:` in {value} (`spade {ctx.info_name} --config`) is "
+                      f"deprecated; use {old[key]}:", soft_wrap=True)
     ctx.default_map = {**(ctx.default_map or {}), **mapped}
     return value
 

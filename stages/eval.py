@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spade_cli.core.artifacts import SpadeError, Stage, expand_inputs, read_records
+from spade_cli.core.artifacts import InputError, SpadeError, Stage, expand_inputs, read_records, read_rows
 from spade_cli.core.records import Eval, parse
 from spade_cli.evaluation.evaluators import (
     PAPER_PRESET,
@@ -136,6 +136,14 @@ def run_evalscope(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
 
 # -- held-out environments ---------------------------------------------------------------------
 
+def check_suite(path: Path) -> None:
+    """Refuse a held-out suite with nothing to play, before a model loads: it would score n=0 and
+    pass quietly. Its rows are decoded here too, so a bad row is named by file and line at once."""
+    if not any(rec.valid for _, _, rec in read_rows(path, expect="spade.validation")):
+        raise InputError(path, None, "the env suite holds no valid environment (no spade.validation/1 row "
+                         "with valid: true)")
+
+
 def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     """Mean unhinted return over a held-out suite, played by the rollout stage's own core.
 
@@ -214,6 +222,8 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
     suites = [spec.name for spec in tasks if spec.kind == "envs"]
     if suites:
         inputs["envs"] = expand_inputs(suites)  # names a missing suite file before any work
+        for suite in inputs["envs"]:
+            check_suite(Path(suite))
     if data_dir and any(p.is_file() for p in Path(data_dir).iterdir()):
         # Local benchmark files are hashed like any input: an edited copy is a different eval.
         inputs["data"] = sorted(p for p in Path(data_dir).iterdir() if p.is_file())

@@ -117,6 +117,8 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         raise SpadeError(f"the pool {pool!r} has no environments")
     if epochs == 0 and agent_episodes == 0:
         raise SpadeError("nothing to train: epochs (Designer) and agent_episodes (Agent) are both 0")
+    # The Agent's pool is read here too, before any model loads: a bad pool file is refused at once.
+    agent_envs = load_envs(agent_pool or pool) if agent_episodes else []
     # resolved_config already left the later-added options at their defaults out of a CLI config
     config = config or later_defaults_dropped({
         "model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
@@ -157,7 +159,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     if agent_episodes:
         from spade_cli.envs import solvers
 
-        rows = solvers.play(tokenizer, load_envs(agent_pool or pool), agent_episodes, noise=agent_noise, seed=seed,
+        rows = solvers.play(tokenizer, agent_envs, agent_episodes, noise=agent_noise, seed=seed,
                             max_turns=agent_max_turns, enable_thinking=agent_thinking)
         if not rows:
             raise SpadeError(f"the pool {agent_pool or pool!r} has no environment with a scripted solver "

@@ -201,6 +201,24 @@ def test_an_empty_pool_file_is_named(d: Path) -> None:
              rf"{re.escape(str(empty))}: the pool file holds no environment", out)
 
 
+@pytest.mark.parametrize("flags", [["--pool", "{empty}"], ["--agent-pool", "{empty}", "--solver-seeds", "1"]])
+def test_warmstart_names_an_empty_pool_file_before_loading_a_model(d: Path, flags: list[str]) -> None:
+    # `model` is no checkpoint: a pool read after the tokenizer loads would fail there, with a traceback
+    empty = _jsonl(d / "empty.jsonl", [])
+    out = d / "warm"
+    res = run_spade("warmstart", "--model", d / "model", "--out", out, *[f.format(empty=empty) for f in flags])
+    _refused(res, 1, rf"{re.escape(str(empty))}: the pool file holds no environment", out)
+
+
+@pytest.mark.parametrize("rows", [[], [{"schema": "spade.validation/1", "code": CODE, "hint": "h", "valid": False}]])
+def test_eval_names_a_suite_with_nothing_to_play_before_loading_a_model(d: Path, rows: list) -> None:
+    # it would score n=0 with exit 0; `model` is no checkpoint, so a check after loading could not pass
+    suite = _jsonl(d / "suite.jsonl", rows)
+    out = d / "eval.jsonl"
+    res = run_spade("eval", "--model", d / "model", "--tasks", f"envs:{suite}", "--out", out)
+    _refused(res, 1, rf"{re.escape(str(suite))}: the env suite holds no valid environment", out)
+
+
 @pytest.mark.parametrize("stage, role", [("validate", "designs"), ("regret", "rollouts"), ("update", "rollouts")])
 def test_a_directory_given_as_an_input_file(d: Path, stage: str, role: str) -> None:
     out = d / ("ckpt" if stage == "update" else "out.jsonl")

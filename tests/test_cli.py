@@ -201,3 +201,27 @@ def test_every_command_takes_threads_and_leaves_it_out_of_the_config(name):
     from spade_cli.cli import NON_SEMANTIC
 
     assert "threads" in NON_SEMANTIC
+
+
+@pytest.mark.integration
+def test_a_config_key_by_either_name_reruns_as_the_flag_did(tmp_path):
+    """The manifest records parameters, not the words that set them: a run made with a flag is up
+    to date when rerun with the same setting from a config file, under its new key or its old one."""
+    from spade_cli.core.records import Rollout, Validation, to_row
+
+    env = to_row(Validation(code="x = 1", hint="h", valid=True))
+    (tmp_path / "v.jsonl").write_text(json.dumps(env) + "\n")
+    eps = [to_row(Rollout(episode_id=f"e{h}", env_id=env["env_id"], iteration=0, hinted=bool(h), seed=1, pair=0,
+                          return_=float(h))) for h in (0, 1)]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    base = ["regret", "--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"]
+    res = run_spade(*base, "--no-seed-audit", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for text in ("seed-audit: false\n", "seed_audit: false\n", "audit: false\n"):
+        (tmp_path / "c.yaml").write_text(text)
+        res = run_spade(*base, "--config", "c.yaml", cwd=tmp_path)
+        assert res.returncode == 0 and json.loads(res.stdout)["status"] == "up to date", (text, res.stderr)
+        assert ("deprecated; use seed-audit:" in res.stderr) == text.startswith("audit"), res.stderr
+    (tmp_path / "c.yaml").write_text("seed-audit: true\n")  # another setting: the comparison sees it
+    res = run_spade(*base, "--config", "c.yaml", cwd=tmp_path)
+    assert res.returncode == 1 and "pass --force" in res.stderr, res.stderr

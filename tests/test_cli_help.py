@@ -9,11 +9,13 @@ same defaults; and every `docs/...` link and every `spade CMD --option` the docs
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import typing
 from pathlib import Path
 
 import pytest
+import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -246,3 +248,75 @@ def test_one_name_per_concept_and_the_old_names_still_parse() -> None:
     retired = {("update", "--designs"), ("update", "--max-completion-length"), ("update", "--audit"),
                ("update", "--no-audit"), ("rollout", "--max-new-tokens"), ("validate", "--max-steps")}
     assert retired <= {(c, old) for c, names in cli.RENAMED.items() for old in names}
+
+
+# -- --config keys: the options' names; the old keys parse for one release, with a note -------------
+
+def _renames_via_config() -> list[tuple[str, str, str]]:
+    """(command, old key, new key) for every retired flag (RENAMED) and every parameter named otherwise
+    than its option (update's `designs` for --envs): the keys a config file could give before."""
+    out = []
+    for name, cmd in COMMANDS.items():
+        if not any(p.name == "config" for p in cmd.params):
+            continue
+        _, old = cli.config_keys(cmd)
+        out += [(name, o, n) for o, n in old.items() if "_" not in o or o.replace("_", "-") not in old]
+    return sorted(out)
+
+
+def test_every_retired_flag_is_a_retired_config_key() -> None:
+    renames = {(c, o, n) for c, o, n in _renames_via_config()}
+    for command, names in cli.RENAMED.items():
+        for old, new in names.items():
+            primary = any(new in p.opts for p in COMMANDS[command].params)
+            assert not primary or (command, old[2:], new[2:]) in renames, (command, old)
+    for command in (c for c in COMMANDS if any(p.name == "config" for p in COMMANDS[c].params)):
+        for p in COMMANDS[command].params:  # a parameter named otherwise than its option: its old key
+            if p.opts[0].startswith("--") and f"--{p.name.replace('_', '-')}" not in p.opts:
+                assert (command, p.name.replace("_", "-"), p.opts[0][2:]) in renames, (command, p.name)
+    assert ("update", "designs", "envs") in renames and ("rollout", "max-new-tokens", "max-tokens") in renames
+
+
+@pytest.mark.parametrize("command, old, new", _renames_via_config())
+def test_a_config_file_speaks_the_option_names(command: str, old: str, new: str, tmp_path: Path, capsys) -> None:
+    cmd = COMMANDS[command]
+    keys, _ = cli.config_keys(cmd)
+    param = next(p for p in cmd.params if p.name == keys[new])
+    value = (not param.default) if param.is_flag else ["x.jsonl"] if param.multiple else 3
+    required = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
+                "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"],
+                "update": ["--model", "m", "--out", "ckpt"], "serve": ["--run-dir", "runs/r"],
+                "rollout": ["--model", "m", "--envs", "v.jsonl", "--out", "r.jsonl"],
+                "design": ["--pool", "bundled", "--out", "d.jsonl"],
+                "validate": ["--designs", "d.jsonl", "--out", "v.jsonl"]}.get(command, [])
+
+    def params(key: str, *, dashes: bool = False) -> dict:
+        cfg = tmp_path / f"{key}.yaml"
+        cfg.write_text(json.dumps({key.replace("_", "-") if dashes else key: value}))
+        with cmd.make_context(command, [*required, "--config", str(cfg)]) as ctx:
+            return ctx.params
+
+    capsys.readouterr()
+    assert params(new)[param.name] == params(new.replace("-", "_"))[param.name] == value != param.default
+    assert "deprecated" not in capsys.readouterr().err
+    assert params(old)[param.name] == value
+    note = " ".join(capsys.readouterr().err.split())
+    assert f"`{old}:` in {tmp_path / (old + '.yaml')} (`spade {command} --config`) is deprecated; use {new}:" in note
+    both = tmp_path / "both.yaml"
+    both.write_text(json.dumps({new: value, old: value}))
+    with pytest.raises(typer.BadParameter, match=f"'{new}' and '{old}' name the same setting"):
+        cmd.make_context(command, [*required, "--config", str(both)])
+
+
+def test_one_setting_twice_in_a_config_file_is_a_usage_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max-tokens: 8\nmax_tokens: 9\n")
+    res = CliRunner().invoke(app, ["rollout", "--model", "m", "--envs", "v", "--out", "r", "--config", str(cfg)])
+    assert res.exit_code == 2 and "'max-tokens' and 'max_tokens' name the same setting" in _flat(res.output)
+    cfg.write_text("max-new-tokens: 8\n")  # not rollout's max_new_tokens parameter by another name: its old flag
+    res = CliRunner().invoke(app, ["design", "--pool", "bundled", "--out", "d", "--config", str(cfg)])
+    assert res.exit_code == 2 and "unknown option 'max-new-tokens' for `spade design`" in _flat(res.output)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())

@@ -132,9 +132,9 @@ def design(
     Thinking models: --think-tokens and --answer-tokens give reasoning and answer budgets of
     their own (two phases on every backend); the row's gen records the budgets and counts.
 
-    Example: [bold]spade design --model ckpt/tiny --n 24 --group 4 --memory runs/demo/memory/iter_0003.jsonl --iteration 3 --out designs.jsonl[/]
+    Example: [bold]spade design --model ckpt/tiny --n 8 --group 4 --max-tokens 64 --memory runs/demo/memory/iter_0001.jsonl --iteration 1 --out runs/demo/iter_0001/designs.jsonl[/]
 
-    Pool baseline: [bold]spade design --pool bundled --n 12 --out designs.jsonl[/]
+    Pool baseline: [bold]spade design --pool bundled --n 8 --out designs.jsonl[/]
     """
     from stages import design as stage
 

@@ -149,10 +149,10 @@ def eval_(
     Writes one spade.eval/1 row per (task, metric) to --out and keeps each harness's own result
     files beside it (OUT.lm_eval/, OUT.rg/, OUT.bfcl/, OUT.tau2/, OUT.evalscope/).
 
-    Example: [bold]spade eval --model ckpt/tiny --tasks rg:basic_arithmetic:20,lm:spade_tiny_qa
-    --out eval.jsonl[/]
+    Example: [bold]spade eval --model ckpt/tiny --tasks rg:basic_arithmetic:4,lm:spade_tiny_qa
+    --max-tokens 16 --out eval.jsonl[/]
 
-    Compare: [bold]spade eval --compare eval/iter_0000.jsonl eval/iter_0002.jsonl[/]
+    Compare: [bold]spade eval --compare runs/demo/eval/iter_0000.jsonl runs/demo/eval/iter_0001.jsonl[/]
     """
     from stages import eval as stage
 

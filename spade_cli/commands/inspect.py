@@ -143,7 +143,7 @@ def inspect(
     failed checks. Rollouts: returns hinted/unhinted per env, errors, turns. Scores: regret, flags,
     top envs. Memory: learnable/solved. Tokens per role (Designer, Agent).
 
-    Example: [bold]spade inspect runs/demo/iter_0000/validated.jsonl --where reason=trivial --row 0[/]
+    Example: [bold]spade inspect 'rollouts*.jsonl' --where hinted=false --row 0[/]
     """
     from spade_cli import summary
     from spade_cli.core.artifacts import SpadeError

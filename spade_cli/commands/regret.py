@@ -72,9 +72,9 @@ def regret(
     with the memory as of this iteration into a new memory file, optionally write replay envs, and
     report the Vendi diversity.
 
-    Example: [bold]spade regret --envs it3/validated.jsonl --rollouts 'it3/rollouts*.jsonl'
-    --out it3/scores.jsonl --memory run/memory/iter_0003.jsonl --memory-out run/memory/iter_0004.jsonl
-    --replay 4 --replay-out it3/replay.jsonl[/]
+    Example: [bold]spade regret --envs validated.jsonl --rollouts 'rollouts*.jsonl' --out scores.jsonl
+    --memory-out memory/iter_0001.jsonl --replay 4 --replay-out replay.jsonl[/] (iteration i reads
+    memory/iter_i.jsonl with --memory, from iteration 1 on)
     """
     from stages import regret as stage
 

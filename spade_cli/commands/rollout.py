@@ -154,7 +154,7 @@ def rollout(
 
     All active episodes take a turn together (one batched generate call per turn), or with continuous batching (openai) each advances on its own; env steps run in sandboxed workers. A rerun after a crash plays only the missing episodes.
 
-    Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 4 --out rollouts.jsonl[/]
+    Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 2 --max-turns 2 --max-tokens 32 --out rollouts.jsonl[/]
     """
     from spade_cli.rollout.episodes import PlayConfig
     from stages import rollout as stage

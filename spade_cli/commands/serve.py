@@ -58,7 +58,7 @@ def serve(
     sleep and wake is timed in RUN/serve/events.jsonl. Stages sample with --backend openai
     --base-url URL --model CKPT and are refused when the server holds another checkpoint.
 
-    Example: [bold]spade serve --run-dir runs/demo --model runs/demo/ckpt/iter_0000 --dry-run[/]
+    Example: [bold]spade serve --run-dir runs/demo --model runs/demo/ckpt/iter_0001 --dry-run[/]
 
     Around an update: [bold]spade serve --run-dir runs/demo --do sleep[/]
     """
