@@ -142,3 +142,38 @@ def test_a_rerun_after_the_driver_was_killed_finds_its_fleet_and_loads_the_right
             assert shard["server"]["verified"], shard
             assert shard["server"]["checkpoint"] == str((run / "ckpt" / "iter_0001").resolve()), shard
     assert cluster.job(job).get("JobState") == "CANCELLED" and not _queue(cluster)
+
+
+@pytest.mark.slow
+def test_the_pipelined_driver_loads_checkpoint_i_only_when_iteration_i_plus_1_generates(
+        cluster, tiny_model, tmp_path, standin):  # noqa: F811
+    # MODEL evaluated through the fleet; the last checkpoint, while the fleet serves the one before
+    # it, on its own engine (EVAL_BACKEND)
+    env = {**_env(tmp_path, tiny_model, standin), "PIPELINE": "1", "ITERS": "3", "EVAL_EVERY": "3",
+           "EVAL_BACKEND": "hf"}
+    rc, err = _driver(cluster, tmp_path, tiny_model, **env)
+    assert rc == 0, _driver_log(tmp_path)
+    run = tmp_path / "run"
+    model, ckpt1 = Path(env["MODEL"]).resolve(), (run / "ckpt" / "iter_0001").resolve()
+    # iterations 0 and 1 sample MODEL, iteration 2 checkpoint 1: one start, one load, one engine
+    events = _rows(run / "serve" / "node-0" / "events.jsonl")
+    assert [(e["event"], e["iteration"], e["checkpoint"]) for e in events] == \
+        [("start", 0, str(model)), ("load", 2, str(ckpt1))], events
+    calls = _rows(Path(standin["STANDIN_SERVER_LOG"]))
+    assert len([c for c in calls if c.get("event") == "start"]) == 1
+    assert [c["model"] for c in calls if c.get("event") == "loaded"] == [str(ckpt1)]
+    for i, ckpt in ((0, model), (1, model), (2, ckpt1)):
+        played = [json.loads(p.read_text()) for p in (run / f"iter_000{i}").glob("rollouts.shard-*.manifest.json")]
+        played = [m for m in played if m["summary"]["episodes"]]
+        assert played and all(m["server"]["verified"] and m["server"]["checkpoint"] == str(ckpt) for m in played)
+    # checkpoint 1 was loaded only after iteration 1 had generated (its update then ran beside iteration 2)
+    assert err.index("iteration 1 generated; its update runs beside") < \
+        err.index("every server loads run/ckpt/iter_0001 (iteration 2)"), err[-3000:]
+    behind = [json.loads((run / "ckpt" / f"iter_000{c}" / "update.json").read_text())["staleness"]["behind"]
+              for c in (1, 2, 3)]
+    assert behind == [0, 1, 1]
+    first = json.loads((run / "eval" / "iter_0000.jsonl.manifest.json").read_text())
+    last = json.loads((run / "eval" / "iter_0003.jsonl.manifest.json").read_text())
+    assert first["config"]["backend"] == "openai" and first["server"]["checkpoint"] == str(model)
+    assert last["config"]["backend"] == "hf" and "server" not in last
+    assert not _queue(cluster)

@@ -36,7 +36,10 @@
 # trains on other nodes, so the fleet never sleeps. The fleet's job id is kept in
 # RUN/serve/fleet/job: a rerun after the driver was killed finds the fleet still running (or submits
 # another) and has it load the right checkpoint; the driver cancels the fleet when it ends. MODEL
-# must be a local checkpoint directory. Not with PIPELINE=1 (refused: see docs/slurm.md).
+# must be a local checkpoint directory. With PIPELINE=1 the fleet loads checkpoint i at the start
+# of iteration i+1, after everything that sampled checkpoint i-1 has finished (update(i) trains
+# meanwhile, elsewhere); the evaluation of checkpoint i+1, which runs while the fleet still serves
+# checkpoint i, loads it itself (EVAL_BACKEND, default BACKEND, on one GPU).
 set -euo pipefail
 [[ -n "${CONFIG:-}" ]] && source "$CONFIG"
 [[ -n "${SITE_ENV:-}" ]] && source "$SITE_ENV"
@@ -57,12 +60,9 @@ export SERVE_WAIT_S="${SERVE_WAIT_S:-1800}"
 case "$ENGINE" in
   "") [[ "$SERVER" != spade ]] || { echo "SERVER=spade is the fleet of ENGINE=serve; set ENGINE=serve" >&2; exit 2; } ;;
   serve)
-    if [[ "$PIPELINE" == 1 ]]; then
-      echo "ENGINE=serve does not pipeline: with PIPELINE=1 the evaluation of checkpoint i+1 would need the" \
-           "fleet while iteration i+1 still samples checkpoint i from it (docs/slurm.md); use PIPELINE=0," \
-           "or leave ENGINE unset for a fleet per iteration" >&2
-      exit 2
-    fi
+    # pipelined, the evaluation of checkpoint i+1 runs while iteration i+1 samples checkpoint i from
+    # the fleet: it loads the checkpoint itself, with EVAL_BACKEND (default: BACKEND, one GPU)
+    EVAL_BACKEND="${EVAL_BACKEND:-$BACKEND}"
     # design, rollout and eval sample through the fleet, which the update never shares
     SERVE=1 SERVER=spade ROLLOUT_BACKEND=openai BACKEND=openai ;;
   *) echo "ENGINE must be serve or empty, got '$ENGINE'" >&2; exit 2 ;;
@@ -123,6 +123,9 @@ serve_job=""
 trap '[[ -z "$serve_job" ]] || scancel "$serve_job" 2>/dev/null || true' EXIT
 eval_flags=(--tasks "$EVAL_TASKS" --backend "$BACKEND")
 [[ -n "$EVAL_LIMIT" ]] && eval_flags+=(--limit "$EVAL_LIMIT")
+own_eval_flags=("${eval_flags[@]}")   # ENGINE=serve, pipelined: an eval beside the fleet, on its own engine
+[[ "$ENGINE" != serve || "$PIPELINE" != 1 ]] || own_eval_flags=(--tasks "$EVAL_TASKS" --backend "$EVAL_BACKEND"
+                                                                  ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"})
 gpu=(--gpus-per-node=1) cpu=(--gpus-per-node=0 --cpus-per-task=4)
 gen=("${gpu[@]}")   # design and eval: a GPU each, or a CPU each when they sample through the fleet
 engine_url=()       # ENGINE=serve: --base-url of the fleet's server for design and eval
@@ -285,10 +288,11 @@ for ((i = 0; i < ITERS; i++)); do
       [[ "$PIPELINE" == 1 ]] && UPDATE_ARGS+=" --max-staleness $STALENESS"
       after="$(submit $(dep) --nodes="$UPDATE_NODES" "$HERE/update.sbatch")"
     fi
-    if ((eval_due)) && ! done_ "$next_eval" && [[ "$ENGINE" != serve ]]; then   # (serve: once it is loaded)
+    # (ENGINE=serve, sequential: through the fleet once the update is done and its checkpoint loaded)
+    if ((eval_due)) && ! done_ "$next_eval" && [[ "$ENGINE" != serve || "$PIPELINE" == 1 ]]; then
       # shellcheck disable=SC2086
       after="$(submit "${gpu[@]}" $(dep) --job-name=spade-eval "$HERE/stage.sbatch" \
-        spade eval --model "$next_ckpt" "${eval_flags[@]}" --out "$next_eval" $EVAL_ARGS)"
+        spade eval --model "$next_ckpt" "${own_eval_flags[@]}" --out "$next_eval" $EVAL_ARGS)"
     fi
   }
   [[ "$PIPELINE" == 1 ]] || submit_update
@@ -299,7 +303,7 @@ for ((i = 0; i < ITERS; i++)); do
     fleet_down
   fi
   for j in "${waits[@]}" "${pending[@]}"; do wait_gone "$j"; done
-  if [[ "$ENGINE" == serve ]] && ((eval_due)) && ! done_ "$next_eval"; then
+  if [[ "$ENGINE" == serve && "$PIPELINE" != 1 ]] && ((eval_due)) && ! done_ "$next_eval"; then
     # the new checkpoint, once the update has written it, into the fleet, which evaluates it
     check_written "iteration $i" "$next_ckpt"
     fleet_load "$next_ckpt" "$((i + 1))"
