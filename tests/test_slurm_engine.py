@@ -14,7 +14,10 @@ and the last evaluated through the fleet too:
 - the driver cancels the fleet at its end (its engine is stopped, its state file gone), and a rerun
   is up to date without a fleet;
 - a driver killed outright (SIGKILL: no clean-up) during iteration 0 leaves its fleet running; the
-  rerun finds that fleet and loads iteration 1's checkpoint into it, without a new engine.
+  rerun finds that fleet and loads iteration 1's checkpoint into it, without a new engine;
+- pipelined (``PIPELINE=1``, 3 iterations): the fleet loads checkpoint 1 only when iteration 2
+  starts generating (iterations 0 and 1 sample MODEL, iteration 2 checkpoint 1, each verified),
+  and the last checkpoint is evaluated on its own engine while the fleet serves the one before.
 """
 
 from __future__ import annotations
