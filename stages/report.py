@@ -209,12 +209,25 @@ def iteration_row(layout: RunLayout, i: int, cache_dir: Path | None = None) -> d
 
 
 def engine_events(layout: RunLayout) -> dict[int, dict]:
-    """Per iteration, what the run's `spade serve` server did (RUN/serve/events.jsonl): engine
-    starts (restarts included) and their seconds, checkpoint loads and their seconds."""
-    path = layout.serve_dir / "events.jsonl"
+    """Per iteration, what the run's `spade serve` servers did (RUN/serve/events.jsonl, and
+    RUN/serve/NAME/events.jsonl for each server of a fleet): engine starts (restarts included) and
+    checkpoint loads, counted over every server; their seconds are the slowest server's, since a
+    fleet's servers start and load side by side."""
     out: dict[int, dict] = {}
-    if not path.exists():
-        return out
+    for path in [layout.serve_dir / "events.jsonl", *sorted(layout.serve_dir.glob("*/events.jsonl"))]:
+        if path.exists():
+            for i, row in _server_events(path).items():
+                into = out.setdefault(i, {"engine_starts": 0, "engine_start_s": 0.0, "engine_loads": 0,
+                                          "engine_load_s": 0.0})
+                for kind in ("start", "load"):
+                    into[f"engine_{kind}s"] += row[f"engine_{kind}s"]
+                    into[f"engine_{kind}_s"] = max(into[f"engine_{kind}_s"], row[f"engine_{kind}_s"])
+    return out
+
+
+def _server_events(path: Path) -> dict[int, dict]:
+    """One server's events.jsonl, summed per iteration."""
+    out: dict[int, dict] = {}
     for line in path.read_text().splitlines():
         try:
             e = json.loads(line)

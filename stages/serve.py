@@ -24,9 +24,12 @@ by following the link, the checkpoint whose weights the engine holds; a stage po
 checkpoint is refused (``spade_cli/backends/openai.py``). The link moves only after the weights
 loaded: a failed reload leaves the server claiming the old checkpoint.
 
-Files, all under ``RUN/serve/`` (``spade paths``): ``server.json`` (URL, pid, the checkpoint and its
-fingerprint, the command), ``server.log`` (vLLM's output), ``events.jsonl`` (one line per start,
-load, restart, sleep and wake, with seconds: the run's report reads it).
+Files, all under ``RUN/serve/`` (``spade paths``): ``server.json`` (URL, pid, host, the checkpoint and
+its fingerprint, the command), ``server.log`` (vLLM's output), ``events.jsonl`` (one line per start,
+load, restart, sleep and wake, with seconds: the run's report reads it). A run with several servers
+(the multi-node driver's fleet, one per node) names each (``--server node-0``): its files are then
+under ``RUN/serve/node-0/``. The pid is only meaningful on the host that started the server: a
+state file written on another host (a fleet resubmitted onto other nodes) counts as a gone server.
 
     spade serve --model runs/demo/ckpt/iter_0000 --run-dir runs/demo --dry-run
 """
@@ -37,6 +40,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,9 +75,12 @@ def server_env() -> dict[str, str]:
 class Server:
     """The server a run's state file describes; HTTP calls to its routes."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, name: str | None = None) -> None:
         self.layout = RunLayout(Path(run_dir))
-        self.dir = self.layout.serve_dir
+        try:
+            self.dir = self.layout.serve_state_dir(name)
+        except ValueError as exc:
+            raise SpadeError(str(exc)) from None
         self.state_path = self.dir / "server.json"
         self.link = self.dir / "current"
         self.events = self.dir / "events.jsonl"
@@ -128,6 +135,8 @@ class Server:
         pid = self.state.get("pid")
         if not isinstance(pid, int):
             return False
+        if self.state.get("host", socket.gethostname()) != socket.gethostname():
+            return False  # started on another node, which this one cannot signal: that job is over
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -147,11 +156,13 @@ class Server:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **server_env()})
         log.close()
-        self.state = {"url": f"http://{host}:{port}/v1", "pid": proc.pid, "served_model": SERVED_NAME,
+        self.state = {"url": f"http://{host}:{port}/v1", "pid": proc.pid, "host": socket.gethostname(),
+                      "served_model": SERVED_NAME,
                       "checkpoint": str(model), "fingerprint": fingerprint(model)["sha256"],
                       "link": str(self.link), "command": cmd, "started": round(time.time(), 3),
                       "sleeping": False, "sleep_mode": "--enable-sleep-mode" in cmd,
                       "log": str(self.dir / "server.log")}
+        self.save()  # at once: a caller killed during the wait still finds (and can stop) the engine
         deadline = time.monotonic() + wait_s
         while not self.healthy():
             if proc.poll() is not None:
@@ -252,12 +263,14 @@ def _reap(pid: int) -> None:
 
 def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = None, *, host: str = "127.0.0.1",
         port: int = 8000, dtype: str = "bfloat16", python: str | None = None, sleep_mode: bool | None = None,
-        wait_s: float = 900.0, dry_run: bool = False, iteration: int | None = None) -> dict:
-    """Make the run's server serve ``model``: start it, or load the checkpoint into the running one
-    (restarting it where the engine cannot reload). Returns the summary."""
+        wait_s: float = 900.0, dry_run: bool = False, iteration: int | None = None,
+        server_name: str | None = None) -> dict:
+    """Make the run's server (or its server ``server_name`` of several) serve ``model``: start it,
+    or load the checkpoint into the running one (restarting it where the engine cannot reload).
+    Returns the summary."""
     opts = opts or EngineOptions()
     model = Path(model).resolve()
-    server = Server(run_dir)
+    server = Server(run_dir, server_name)
     gpus = visible_gpus()
     sleep_mode = gpus > 0 if sleep_mode is None else sleep_mode  # vLLM's sleep mode needs CUDA
     cmd = command_line(server.link, opts, host=host, port=port, dtype=dtype, python=python or sys.executable,
@@ -296,9 +309,10 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
             "url": server.state["url"], "pid": server.state["pid"]}
 
 
-def control(run_dir: str | Path, action: str, level: int = 1, iteration: int | None = None) -> dict:
-    """``sleep``, ``wake_up``, ``stop`` or ``status`` of the run's server."""
-    server = Server(run_dir)
+def control(run_dir: str | Path, action: str, level: int = 1, iteration: int | None = None,
+            server_name: str | None = None) -> dict:
+    """``sleep``, ``wake_up``, ``stop`` or ``status`` of the run's server (or of ``server_name``)."""
+    server = Server(run_dir, server_name)
     if action == "status":
         return {"status": "ok", "state": server.state, "alive": server.alive(), "healthy": server.healthy()}
     if action == "stop":

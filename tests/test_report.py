@@ -151,3 +151,23 @@ def test_report_names_a_bad_row_and_rejects_an_empty_dir(run_dir: Path, tmp_path
     empty.mkdir()
     proc = run_spade("report", empty)
     assert proc.returncode == 1 and "run directory" in proc.stderr
+
+
+def test_engine_columns_count_every_server_of_a_fleet(tmp_path: Path) -> None:
+    """Starts and loads are counted over the run's one server and each server of a fleet
+    (RUN/serve/NAME/events.jsonl); the seconds are the slowest server's, since they load side by side."""
+    from spade_cli.core.layout import RunLayout
+    from stages.report import engine_events
+
+    def events(path: Path, rows: list[dict]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "lo')  # + a line cut by a kill
+
+    events(tmp_path / "serve" / "node-0" / "events.jsonl",
+           [{"event": "start", "iteration": 0, "seconds": 60.0}, {"event": "load", "iteration": 1, "seconds": 2.0}])
+    events(tmp_path / "serve" / "node-1" / "events.jsonl",
+           [{"event": "start", "iteration": 0, "seconds": 70.0}, {"event": "load", "iteration": 1, "seconds": 3.5},
+            {"event": "restart", "iteration": 1, "seconds": 50.0}, {"event": "sleep", "iteration": 1}])
+    got = engine_events(RunLayout(tmp_path))
+    assert got == {0: {"engine_starts": 2, "engine_start_s": 70.0, "engine_loads": 0, "engine_load_s": 0.0},
+                   1: {"engine_starts": 1, "engine_start_s": 50.0, "engine_loads": 2, "engine_load_s": 3.5}}

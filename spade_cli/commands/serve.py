@@ -25,6 +25,9 @@ ACTIONS = ("sleep", "wake-up", "stop", "status")
 def serve(
     run_dir: Annotated[Path, typer.Option("--run-dir", help="The run directory; the state lives in RUN/serve/.",
                                           file_okay=False)],
+    server: Annotated[str | None, typer.Option("--server", help="One of several servers of the run (a fleet's "
+                                               "node-0, node-1, ...): its state lives in RUN/serve/NAME/.")]
+    = None,
     model: Annotated[str | None, typer.Option("--model", help="Checkpoint to serve: starts the server, or "
                                               "loads it into the running one.")] = None,
     action: Annotated[str | None, typer.Option("--do", help="Instead of serving a checkpoint: sleep (release "
@@ -69,13 +72,15 @@ def serve(
     if action is not None:
         if action not in ACTIONS:
             raise typer.BadParameter(f"choose one of {', '.join(ACTIONS)}", param_hint="--do")
-        summary = stage.control(run_dir, action.replace("-", "_"), level=level, iteration=iteration)
+        summary = stage.control(run_dir, action.replace("-", "_"), level=level, iteration=iteration,
+                                server_name=server)
         finish(summary)
         return
     opts = EngineOptions.from_cli(tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len,
                                   enable_prefix_caching, enforce_eager, engine_arg)
     summary = stage.run(model, run_dir, opts, host=host, port=port, dtype=dtype, python=python,
-                        sleep_mode=sleep_mode, wait_s=wait, dry_run=dry_run, iteration=iteration)
+                        sleep_mode=sleep_mode, wait_s=wait, dry_run=dry_run, iteration=iteration,
+                        server_name=server)
     if dry_run:
         console.print(summary["command"], soft_wrap=True, markup=False)
     elif summary["status"] == "ok":

@@ -17,6 +17,11 @@
                                         (docs/pipeline.md); the two never mix in one run directory
       serve/server.json                 the run's `spade serve` server: URL, pid, checkpoint
                                         (+ server.log, events.jsonl, current -> the served ckpt)
+      serve/node-0/server.json          the same for one server of several (`spade serve --server
+                                        node-0`: the multi-node driver's fleet, one per node)
+      serve/fleet/job                   the job id of the multi-node driver's fleet (ENGINE=serve);
+                                        serve/fleet/JOBID/ holds the driver's load requests and
+                                        the servers' answers (docs/slurm.md)
 
 Recipes call ``spade paths RUN_DIR --iteration I`` to read these names instead of spelling them.
 
@@ -28,8 +33,11 @@ a loop killed at any point resume to the artifacts of an uninterrupted run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
@@ -105,6 +113,19 @@ class RunLayout:
     def serve_dir(self) -> Path:
         return self.root / "serve"
 
+    def serve_state_dir(self, server: str | None = None) -> Path:
+        """Where ``spade serve`` keeps a server's state: RUN/serve/ for the run's one server,
+        RUN/serve/NAME/ for one of several (a fleet's node-0, node-1, ...)."""
+        if not server:
+            return self.serve_dir
+        if not SERVER_NAME.fullmatch(server) or server == "fleet":
+            raise ValueError(f"--server {server!r}: a name of letters, digits, '.', '_' or '-' (not 'fleet')")
+        return self.serve_dir / server
+
+    @property
+    def serve_fleet(self) -> Path:
+        return self.serve_dir / "fleet"
+
     def iterations(self) -> list[int]:
         return sorted(int(p.name[5:]) for p in self.root.glob("iter_[0-9][0-9][0-9][0-9]") if p.is_dir())
 
@@ -121,7 +142,7 @@ class RunLayout:
             "lp_before": str(self.lp_before(i)), "eval": str(self.eval(i)),
             "next_eval": str(self.eval(i + 1)),
             "report_dir": str(self.report_dir), "loop_mode": str(self.loop_mode),
-            "serve_state": str(self.serve_dir / "server.json"),
+            "serve_state": str(self.serve_dir / "server.json"), "serve_fleet": str(self.serve_fleet),
         }
         if shard is not None:
             table["rollout_shard"] = str(self.rollout_shard(i, *shard))
