@@ -28,7 +28,8 @@ Files, all under ``RUN/serve/`` (``spade paths``): ``server.json`` (URL, pid wit
 time, the checkpoint and its fingerprint, the command and its ``CUDA_VISIBLE_DEVICES``),
 ``server.log`` (vLLM's output), ``events.jsonl`` (one line per start, load, restart, sleep and wake,
 with seconds: the run's report reads it). A later call reuses the server only when that process
-still runs on this host, answers, and was started on the devices the call is given.
+still runs on this host, answers, and was started on the devices and with the engine command the
+call would use.
 
     spade serve --model runs/demo/ckpt/iter_0000 --run-dir runs/demo --dry-run
 """
@@ -296,9 +297,14 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
     if not (model / "config.json").is_file():
         raise SpadeError(f"{model}: not a checkpoint directory (no config.json)")
     summary: dict[str, Any] = {"out": str(server.state_path), "checkpoint": str(model), "iteration": iteration}
+    # a server on other devices (a rerun with another split of the GPUs) or started with other engine
+    # flags (a rerun with other SERVE_ARGS) is not the engine this call asks for: it is restarted
     devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-    moved = server.state and server.state.get("devices", devices) != devices
-    if server.state and server.alive() and server.healthy() and not moved:
+    differs = (f"the server runs on devices {server.state.get('devices')!r}, this call was given {devices!r}"
+               if server.state.get("devices", devices) != devices else
+               "the server was started with another engine command" if server.state.get("command", cmd) != cmd
+               else None)
+    if server.state and server.alive() and server.healthy() and not differs:
         if (server.state.get("checkpoint") == str(model) and not server.state.get("loading")
                 and server.state.get("fingerprint") == fingerprint(model)["sha256"]):
             if server.state.get("sleeping"):
@@ -314,12 +320,9 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
         except ReloadUnsupported as exc:
             reason = str(exc)
             server.stop()
-    else:
-        # a dead or unanswering server, or one on other devices than this call was given (a rerun
-        # with another split of the GPUs): stop it and clear its state
-        reason = ("no server" if not server.state else
-                  f"the server runs on devices {server.state.get('devices')!r}, this call was given {devices!r}"
-                  if moved and server.alive() else "the server in the state file is gone")
+    else:  # none, a dead or unanswering one, or another engine: stop it and clear its state
+        reason = ("no server" if not server.state else differs if differs and server.alive()
+                  else "the server in the state file is gone")
         server.stop()
     secs = server.start(model, cmd, port, host, wait_s)
     event = "restart" if reason != "no server" else "start"

@@ -157,6 +157,7 @@ def test_serve_starts_reloads_without_restart_and_stages_check_the_checkpoint(tw
 
     dry = _serve(*common, "--model", a, "--dry-run", "--tensor-parallel-size", "1", "--max-model-len", "512",
                  env=standin)
+    common.append("--sleep-mode")  # every call the same engine command: another one restarts the server
     assert dry["status"] == "dry run" and not (run / "serve").exists()
     cmd = dry["command"]
     assert cmd.startswith("VLLM_SERVER_DEV_MODE=1 ") and "-m vllm.entrypoints.openai.api_server" in cmd
@@ -166,7 +167,7 @@ def test_serve_starts_reloads_without_restart_and_stages_check_the_checkpoint(tw
         assert part in cmd, part
     assert "--enable-sleep-mode" not in cmd  # no GPU here: vLLM's sleep mode is CUDA-only
 
-    started = _serve(*common, "--model", a, "--sleep-mode", "--iteration", "0", env=standin)
+    started = _serve(*common, "--model", a, "--iteration", "0", env=standin)
     assert started["action"] == "start" and started["url"] == f"http://127.0.0.1:{port}/v1"
     state = json.loads((run / "serve" / "server.json").read_text())
     assert state["pid"] == started["pid"] and state["checkpoint"] == str(a.resolve())
@@ -274,6 +275,12 @@ def test_a_rerun_reloads_after_a_kill_mid_load_and_never_trusts_a_server_it_cann
         assert [c["devices"] for c in _calls(standin) if c.get("event") == "start"] == ["", "0"]
         with pytest.raises(ProcessLookupError):
             os.kill(first["pid"], 0)
+        # and one given other engine flags (a rerun with other SERVE_ARGS) does not reuse it either
+        flags = _serve(*common, "--model", a, "--max-model-len", "4096", env={**standin, "CUDA_VISIBLE_DEVICES": "0"})
+        assert flags["action"] == "restart" and "another engine command" in flags["reason"], flags
+        assert "4096" in [c for c in _calls(standin) if c.get("event") == "start"][-1]["argv"]
+        assert _serve(*common, "--model", a, "--max-model-len", "4096", env={**standin, "CUDA_VISIBLE_DEVICES": "0"}
+                      )["status"] == "up to date"
     finally:
         _serve("--run-dir", run, "--do", "stop", env=standin)
 
