@@ -90,17 +90,21 @@ SPADE="${SPADE:-spade}"
 # One `spade serve` server lives for the run: each stage first has it load the checkpoint the stage
 # samples from (a no-op when it already serves it), design, rollout and eval sample through it, and
 # it sleeps (releases its GPU memory) while the update trains. A rerun finds the server in
-# RUN/serve/server.json, or starts a new one, and loads the right checkpoint.
+# RUN/serve/server.json, or starts a new one, and loads the right checkpoint. With PIPELINE=1 the
+# generation lane owns it on GEN_DEVICES and it never sleeps (recipes/loop_pipelined.sh).
 ENGINE="${ENGINE:-}"                # serve | empty (each stage loads its own backend)
 SERVE_PORT="${SERVE_PORT:-8000}"
 SERVE_ARGS="${SERVE_ARGS:-}"        # engine flags of the server, e.g. --tensor-parallel-size 2; --vllm-python PY
+[[ -z "$ENGINE" || "$ENGINE" == serve ]] || { echo "ENGINE must be serve or empty, got '$ENGINE'" >&2; exit 2; }
 if [[ "$ENGINE" == serve ]]; then
   BACKEND=openai BASE_URL="http://127.0.0.1:$SERVE_PORT/v1"
 fi
+serve_flags=()                      # the pipelined loop's server never sleeps: --no-sleep-mode
 serve_load() {  # CKPT ITERATION: make the run's server serve CKPT
   [[ "$ENGINE" == serve ]] || return 0
   # shellcheck disable=SC2086
-  stage "$SPADE" serve --run-dir "$RUN" --model "$1" --port "$SERVE_PORT" --iteration "$2" $SERVE_ARGS >/dev/null
+  stage "$SPADE" serve --run-dir "$RUN" --model "$1" --port "$SERVE_PORT" --iteration "$2" "${serve_flags[@]}" \
+    $SERVE_ARGS >/dev/null
 }
 serve_sleep() {
   [[ "$ENGINE" == serve ]] || return 0

@@ -3,6 +3,7 @@
 #
 #   PIPELINE=1 MODEL=Qwen/Qwen3-4B RUN=runs/piped bash recipes/loop.sh
 #   PIPELINE=1 GEN_DEVICES=0,1,2,3 TRAIN_DEVICES=4,5,6,7 ... bash recipes/loop.sh   # one node, GPUs split
+#   ENGINE=serve PIPELINE=1 GEN_DEVICES=0,1,2,3,4,5 TRAIN_DEVICES=6,7 ... bash recipes/loop.sh  # one server
 #
 # loop.sh sources this file after reading every knob (MODEL, RUN, ITERS, the *_ARGS, ...; see there)
 # and checking the run directory's mode (recipes/loop_mode.sh); run directly, it goes through loop.sh.
@@ -25,12 +26,44 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
 fi
 GEN_DEVICES="${GEN_DEVICES:-}"      # CUDA_VISIBLE_DEVICES of design, rollout and eval (empty: inherited)
 TRAIN_DEVICES="${TRAIN_DEVICES:-}"  # CUDA_VISIBLE_DEVICES of the update (empty: inherited)
-if [[ -n "$ENGINE" ]]; then
-  # one server that sleeps while the update trains cannot generate beside it; give each lane devices
-  echo "ENGINE=$ENGINE is the sequential loop's (its server sleeps during the update); PIPELINE=1" \
-       "generates beside the update: use the per-stage engines with GEN_DEVICES and TRAIN_DEVICES" >&2
-  exit 2
+# >>> one engine, pipelined (ENGINE=serve; docs/pipeline.md): the generation lane owns the run's server
+# on GEN_DEVICES. It holds its weights and KV cache there for the whole run and never sleeps, since
+# the update trains beside it, so the two lanes must not share a GPU: with GPUs visible, ENGINE=serve
+# needs GEN_DEVICES and TRAIN_DEVICES both set and disjoint (single_node.sbatch sets them from
+# TRAIN_GPUS); on CPU, with neither set, both lanes share the host. Anything else is refused.
+gpu_ids() {  # the GPUs this shell may use, as CUDA sees them (CUDA_VISIBLE_DEVICES, else nvidia-smi)
+  if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+    [[ "$CUDA_VISIBLE_DEVICES" == -* ]] || echo "${CUDA_VISIBLE_DEVICES//,/ }"
+  elif command -v nvidia-smi >/dev/null; then
+    nvidia-smi -L 2>/dev/null | awk '/^GPU /{printf "%d ", n++}'
+  fi
+}
+if [[ "$ENGINE" == serve ]]; then
+  shared=""
+  for d in ${GEN_DEVICES//,/ }; do [[ ",$TRAIN_DEVICES," != *",$d,"* ]] || shared+=" $d"; done
+  read -ra gpus <<<"$(gpu_ids)"
+  if [[ -n "$GEN_DEVICES" && -n "$TRAIN_DEVICES" && -z "$shared" ]]; then
+    serve_flags=(--no-sleep-mode)
+  elif [[ -z "$GEN_DEVICES$TRAIN_DEVICES" ]] && ((${#gpus[@]} == 0)); then
+    serve_flags=(--no-sleep-mode)  # CPU: no device memory to split
+  else
+    n=${#gpus[@]} half=$(((${#gpus[@]} + 1) / 2))
+    if ((n >= 2)); then
+      fix="give each lane its own GPUs, e.g. GEN_DEVICES=$(IFS=,; echo "${gpus[*]:0:half}")"
+      fix+=" TRAIN_DEVICES=$(IFS=,; echo "${gpus[*]:half}") (and UPDATE_CMD's --num_processes to match;"
+      fix+=" recipes/slurm/single_node.sbatch splits the node by TRAIN_GPUS)"
+    elif ((n == 1)); then
+      fix="one GPU cannot hold both: run ENGINE=serve sequentially (PIPELINE=0; its server sleeps during the update)"
+    else
+      fix="on CPU set neither, elsewhere both, disjoint"
+    fi
+    echo "ENGINE=serve with PIPELINE=1: the server holds GEN_DEVICES for the whole run while the update trains" \
+         "on TRAIN_DEVICES, and here the two would share devices (GEN_DEVICES=${GEN_DEVICES:-all}" \
+         "TRAIN_DEVICES=${TRAIN_DEVICES:-all}${shared:+; both have${shared}}): $fix" >&2
+    exit 2
+  fi
 fi
+# <<< one engine, pipelined
 if ((ROLLOUT_SHARDS > 1)); then
   echo "PIPELINE=1 plays rollouts in this loop; a rollout array is recipes/slurm/multi_node/driver.sh's" \
        "(PIPELINE=1 there too)" >&2
@@ -40,7 +73,7 @@ fi
 echo "== spade loop (pipelined, staleness $STALENESS): RUN=$RUN MODEL=$MODEL ITERS=$ITERS N_ENVS=$N_ENVS" \
      "GROUP=$GROUP K=$K BACKEND=$BACKEND SIGNAL=$SIGNAL GROUNDING=$GROUNDING MEMORY=$MEMORY REPLAY=$REPLAY" \
      "POOL=${POOL:-none} FROZEN_DESIGNER=$FROZEN_DESIGNER EVAL_EVERY=$EVAL_EVERY SEED=$SEED" \
-     "GEN_DEVICES=${GEN_DEVICES:-all} TRAIN_DEVICES=${TRAIN_DEVICES:-all}" >&2
+     "GEN_DEVICES=${GEN_DEVICES:-all} TRAIN_DEVICES=${TRAIN_DEVICES:-all} ENGINE=${ENGINE:-per-stage}" >&2
 
 backend_flags=(--backend "$BACKEND")
 [[ -n "$BASE_URL" ]] && backend_flags+=(--base-url "$BASE_URL")
@@ -85,6 +118,8 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   designer="$sampler"
   [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
   design_flags_for "$designer"
+  # with ENGINE=serve, each sampling stage with work to do first has the server load its checkpoint
+  [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$designer" "$j"
   # shellcheck disable=SC2086
   stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$j" --seed "$SEED" --out "$designs" $DESIGN_ARGS
   validate_flags=()
@@ -92,14 +127,17 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   # shellcheck disable=SC2086
   stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
   envs_of "$j"
+  [[ -f "$rollouts.manifest.json" ]] || serve_load "$sampler" "$j"
   # shellcheck disable=SC2086
   stage "$SPADE" rollout --model "$sampler" "${envs[@]}" --k "$K" --max-turns "$MAX_TURNS" \
     --iteration "$j" --seed "$SEED" --out "$rollouts" "${backend_flags[@]}" "${budget_flags[@]}" $ROLLOUT_ARGS
   # ema_lp, as in loop.sh: the checkpoint before the sampler plays the same envs on the same seeds
   lp_flags=()
   if [[ "$SIGNAL" == ema_lp && "$sampler" != "$MODEL" ]]; then
+    before_model="$(ckpt_of $((j - STALENESS - 1)))"
+    [[ -f "$lp_before.manifest.json" ]] || serve_load "$before_model" "$j"
     # shellcheck disable=SC2086
-    stage "$SPADE" rollout --model "$(ckpt_of $((j - STALENESS - 1)))" "${envs[@]}" --k "$K" \
+    stage "$SPADE" rollout --model "$before_model" "${envs[@]}" --k "$K" \
       --max-turns "$MAX_TURNS" --iteration "$j" --seed "$SEED" --out "$lp_before" "${backend_flags[@]}" \
       "${budget_flags[@]}" $ROLLOUT_ARGS
     lp_flags=(--before-rollouts "$lp_before")
@@ -119,13 +157,15 @@ eval_of() {  # eval_of C: evaluate checkpoint C if due (C % EVAL_EVERY == 0, the
   out="$("$SPADE" paths "$RUN" --iteration "$c" --key eval)"
   [[ -f "$out.manifest.json" ]] && return 0
   model="$(ckpt_of "$c")"
+  serve_load "$model" "$c"
   # shellcheck disable=SC2086
   stage "$SPADE" eval --model "$model" "${eval_flags[@]}" --out "$out" $EVAL_ARGS
 }
 
 # The schedule: generation of iteration 0 (and up to STALENESS) with MODEL; then for every i, update(i)
 # in the background beside the evaluation of checkpoint i and the generation of iteration i+STALENESS
-# with checkpoint i.
+# with checkpoint i. Checkpoint i is complete from the end of update(i-1) on (finish_update below),
+# so a server loads it only after its update has ended, never while the update writes it.
 eval_of 0
 for ((j = 0; j < STALENESS && j < ITERS; j++)); do ((stop == 0)) || exit 75; generate "$j" "$MODEL"; done
 for ((i = 0; i < ITERS; i++)); do
@@ -159,5 +199,6 @@ for ((i = 0; i < ITERS; i++)); do
 done
 eval_of "$ITERS"
 
+[[ "$ENGINE" != serve ]] || stage "$SPADE" serve --run-dir "$RUN" --do stop >/dev/null
 stage "$SPADE" report "$RUN"
 exit 0

@@ -24,12 +24,14 @@ by following the link, the checkpoint whose weights the engine holds; a stage po
 checkpoint is refused (``spade_cli/backends/openai.py``). The link moves only after the weights
 loaded: a failed reload leaves the server claiming the old checkpoint.
 
-Files, all under ``RUN/serve/`` (``spade paths``): ``server.json`` (URL, pid, host, the checkpoint and
-its fingerprint, the command), ``server.log`` (vLLM's output), ``events.jsonl`` (one line per start,
-load, restart, sleep and wake, with seconds: the run's report reads it). A run with several servers
-(the multi-node driver's fleet, one per node) names each (``--server node-0``): its files are then
-under ``RUN/serve/node-0/``. The pid is only meaningful on the host that started the server: a
-state file written on another host (a fleet resubmitted onto other nodes) counts as a gone server.
+Files, all under ``RUN/serve/`` (``spade paths``): ``server.json`` (URL, pid with its host and start
+time, the checkpoint and its fingerprint, the command and its ``CUDA_VISIBLE_DEVICES``),
+``server.log`` (vLLM's output), ``events.jsonl`` (one line per start, load, restart, sleep and wake,
+with seconds: the run's report reads it). A later call reuses the server only when that process
+still runs on this host, answers, and was started on the devices and with the engine command the
+call would use. A run with several servers (the multi-node driver's fleet, one per node) names
+each (``--server node-0``): its files are then under ``RUN/serve/node-0/``. A state file written on
+another host (a fleet resubmitted onto other nodes) counts as a gone server.
 
     spade serve --model runs/demo/ckpt/iter_0000 --run-dir runs/demo --dry-run
 """
@@ -132,6 +134,9 @@ class Server:
             return False
 
     def alive(self) -> bool:
+        """Whether the state file's server process still runs: its pid, on this host, started when
+        the state says. A requeued job on another node (or after a reboot) may find the pid reused
+        by an unrelated process, which ``stop`` must never signal."""
         pid = self.state.get("pid")
         if not isinstance(pid, int):
             return False
@@ -142,8 +147,9 @@ class Server:
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
-        return True
+            pass
+        recorded = self.state.get("proc_start")
+        return recorded is None or _proc_start(pid) in (None, recorded)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -157,12 +163,14 @@ class Server:
                                 env={**os.environ, **server_env()})
         log.close()
         self.state = {"url": f"http://{host}:{port}/v1", "pid": proc.pid, "host": socket.gethostname(),
-                      "served_model": SERVED_NAME,
+                      "proc_start": _proc_start(proc.pid), "served_model": SERVED_NAME,
                       "checkpoint": str(model), "fingerprint": fingerprint(model)["sha256"],
-                      "link": str(self.link), "command": cmd, "started": round(time.time(), 3),
-                      "sleeping": False, "sleep_mode": "--enable-sleep-mode" in cmd,
-                      "log": str(self.dir / "server.log")}
-        self.save()  # at once: a caller killed during the wait still finds (and can stop) the engine
+                      "link": str(self.link), "command": cmd, "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      "started": round(time.time(), 3), "sleeping": False,
+                      "sleep_mode": "--enable-sleep-mode" in cmd, "log": str(self.dir / "server.log")}
+        # saved before the health wait: a kill (or SIGTERM) of this call while vLLM starts leaves a
+        # server that the next call finds, and reuses or stops, instead of one that holds the port
+        self.save()
         deadline = time.monotonic() + wait_s
         while not self.healthy():
             if proc.poll() is not None:
@@ -214,6 +222,10 @@ class Server:
             raise ReloadUnsupported("the checkpoint ties its input embeddings and LM head, which vLLM's in-place "
                                     "reload leaves unloaded (ParallelLMHead: Failed to load weights)")
         t0 = time.perf_counter()
+        # until the load is through, the engine's weights are neither checkpoint's: a call killed
+        # mid-load leaves this mark, and the next call loads again whatever it is asked for
+        self.state["loading"] = str(model)
+        self.save()
         try:
             if self.state.get("sleeping"):
                 self.wake_up("weights")
@@ -228,6 +240,7 @@ class Server:
             raise ReloadUnsupported(f"{exc.code} from {exc.url}: {detail}") from None
         _point(self.link, model)
         self.state.update(checkpoint=str(model), fingerprint=fingerprint(model)["sha256"], sleeping=False)
+        self.state.pop("loading", None)
         self.save()
         return time.perf_counter() - t0
 
@@ -252,6 +265,15 @@ def _point(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.resolve(), target_is_directory=True)
     os.replace(tmp, link)
+
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); None where
+    there is no /proc."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _reap(pid: int) -> None:
@@ -282,8 +304,16 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
     if not (model / "config.json").is_file():
         raise SpadeError(f"{model}: not a checkpoint directory (no config.json)")
     summary: dict[str, Any] = {"out": str(server.state_path), "checkpoint": str(model), "iteration": iteration}
-    if server.state and server.alive() and server.healthy():
-        if server.state.get("checkpoint") == str(model) and server.state.get("fingerprint") == fingerprint(model)["sha256"]:
+    # a server on other devices (a rerun with another split of the GPUs) or started with other engine
+    # flags (a rerun with other SERVE_ARGS) is not the engine this call asks for: it is restarted
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    differs = (f"the server runs on devices {server.state.get('devices')!r}, this call was given {devices!r}"
+               if server.state.get("devices", devices) != devices else
+               "the server was started with another engine command" if server.state.get("command", cmd) != cmd
+               else None)
+    if server.state and server.alive() and server.healthy() and not differs:
+        if (server.state.get("checkpoint") == str(model) and not server.state.get("loading")
+                and server.state.get("fingerprint") == fingerprint(model)["sha256"]):
             if server.state.get("sleeping"):
                 t0 = time.perf_counter()
                 server.wake_up()
@@ -298,9 +328,10 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
         except ReloadUnsupported as exc:
             reason = str(exc)
             server.stop()
-    else:
-        reason = "no server" if not server.state else "the server in the state file is gone"
-        server.stop()  # a dead or unanswering server: clear its state (and its process group)
+    else:  # none, a dead or unanswering one, or another engine: stop it and clear its state
+        reason = ("no server" if not server.state else differs if differs and server.alive()
+                  else "the server in the state file is gone")
+        server.stop()
     secs = server.start(model, cmd, port, host, wait_s)
     event = "restart" if reason != "no server" else "start"
     server.log_event(event, seconds=round(secs, 3), checkpoint=str(model), iteration=iteration, reason=reason,

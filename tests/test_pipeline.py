@@ -105,7 +105,8 @@ def test_the_two_loops_never_mix_in_one_run_directory(tmp_path: Path) -> None:
     assert res.returncode == 2 and "PIPELINE must be 0 or 1" in res.stderr
 
 
-def _schedule(tmp_path: Path, **env: str) -> list[tuple[str, str, str]]:
+def _schedule(tmp_path: Path, keep: tuple[str, ...] = ("rollout", "update", "eval"),
+              **env: str) -> list[tuple[str, str, str]]:
     """The stages the real loop runs, in order, as (stage, --model, --out) with the benchmark's stand-in
     stages (recipes/bench_pipeline.py): the schedule without the cost of running it."""
     import importlib.util
@@ -126,7 +127,7 @@ def _schedule(tmp_path: Path, **env: str) -> list[tuple[str, str, str]]:
                          timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line.replace(f"{tmp_path}/run/", "").split() for line in (tmp_path / "trace").read_text().splitlines()]
-    return [(s, m.replace("ckpt/iter_000", "c"), o) for s, m, o in rows if s in ("rollout", "update", "eval")]
+    return [(s, m.replace("ckpt/iter_000", "c"), o) for s, m, o in rows if s in keep]
 
 
 @pytest.mark.parametrize("staleness", [1, 2])
@@ -148,3 +149,27 @@ def test_iteration_i_samples_from_checkpoint_i_minus_staleness_and_evaluations_k
     seq = _schedule(tmp_path / "seq", PIPELINE="0", ITERS="4", EVAL_EVERY="2")
     assert {int(o.split("/")[0][-1]): m for s, m, o in seq if s == "rollout"} == \
         {0: "base", 1: "c1", 2: "c2", 3: "c3"}
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_one_engine_serves_each_stage_its_checkpoint_as_soon_as_the_update_that_wrote_it_has_ended(
+        tmp_path: Path, staleness: int) -> None:
+    """ENGINE=serve, pipelined (docs/pipeline.md "One engine"): before each sampling stage the lane
+    has the server serve that stage's checkpoint; checkpoint k is loaded once update(k) has started,
+    which the loop does only after update(k-1), which wrote it, has ended; then the server is stopped.
+    (tests/test_loop_serve.py runs this against a server and compares the times.)"""
+    steps = _schedule(tmp_path, keep=("serve", "design", "rollout", "update", "eval"), PIPELINE="1",
+                      STALENESS=str(staleness), ITERS="4", EVAL_EVERY="2", ENGINE="serve", CUDA_VISIBLE_DEVICES="")
+    served = None
+    for s, m, o in steps:
+        if s == "serve":
+            served = m
+        elif s != "update":
+            assert m == served, f"{s} {o} samples from {m} while the server serves {served}"
+    calls = [m for s, m, _ in steps if s == "serve"]
+    loads = [m for k, m in enumerate(calls) if m != "-" and (k == 0 or m != calls[k - 1])]
+    assert loads == ["base", "c1", "c2", "c4"]  # c3 samples nothing: no generation of iteration 4, no eval
+    order = [(s, m) for s, m, _ in steps]
+    assert order[-1] == ("serve", "-")  # --do stop
+    for k in (1, 2):  # update(k) runs, so update(k-1) has ended, and the load comes at once, beside it
+        assert order.index(("update", f"c{k}")) < order.index(("serve", f"c{k}")) < order.index(("update", f"c{k + 1}"))

