@@ -28,18 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 PROMPTS, N, MAX_TOKENS = 8, 4, 64
 
 
-def _untied(src: Path, out: Path) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    m.config.tie_word_embeddings = False
-    m.lm_head.weight = torch.nn.Parameter(m.get_input_embeddings().weight.detach().clone())
-    m.save_pretrained(out)
-    AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    return out
-
-
 def throughput(model: Path) -> dict:
     import vllm
     from vllm import SamplingParams
@@ -102,7 +90,7 @@ def main() -> None:
         work = Path(tmp)
         tinymodel.build(work / "tied_a", size="tiny", seed=0)
         tinymodel.build(work / "tied_b", size="tiny", seed=1)
-        a, b = _untied(work / "tied_a", work / "a"), _untied(work / "tied_b", work / "b")
+        a, b = tinymodel.untie(work / "tied_a", work / "a"), tinymodel.untie(work / "tied_b", work / "b")
         result = {"bench": "serve", **throughput(a), **swap(a, b, work)}
     print(json.dumps(result))
 

@@ -28,7 +28,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_loop import _artifacts, _env, _exists, _finish, _killed_at, _log, _loop, _stage_running
+from tests.test_loop import (
+    _env,
+    _exists,
+    _finish,
+    _killed_at,
+    _log,
+    _loop,
+    _stage_running,
+    same_artifacts,
+)
 
 VOWELS = '''
 import gymnasium as gym
@@ -135,13 +144,7 @@ def test_the_pipelined_loop_samples_one_behind_and_resumes_to_the_artifacts_of_a
     _finish(clean, clean_dir)
     _check_the_run(clean_dir, tiny_model)
 
-    a, b = _artifacts(clean_dir), _artifacts(killed)
-    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-    for key in a:
-        if key.endswith("/weights"):
-            assert all((a[key][t] - b[key][t]).abs().max().item() < 1e-5 for t in a[key]), key
-        else:
-            assert a[key] == b[key], f"{key} differs after the kills"
+    same_artifacts(clean_dir, killed)
     assert not list(killed.rglob("*.partial-*")), "a finished run leaves no partial output"
 
     # a rerun of the finished run is up to date: no stage starts, no artifact changes

@@ -132,15 +132,9 @@ def _serve(*args, env: dict) -> dict:
 
 def untied(model: Path, out: Path) -> Path:
     """The model with an LM head of its own (as Qwen3-8B and larger have): vLLM reloads it in place."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from spade_cli.models.tinymodel import untie
 
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    m.config.tie_word_embeddings = False
-    m.lm_head.weight = torch.nn.Parameter(m.get_input_embeddings().weight.detach().clone())
-    m.save_pretrained(out)
-    AutoTokenizer.from_pretrained(model).save_pretrained(out)
-    return out
+    return untie(model, out)
 
 
 @pytest.fixture

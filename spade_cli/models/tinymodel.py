@@ -140,3 +140,18 @@ def build(out: str | Path, size: str = "tiny", seed: int = 0) -> dict:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(out, final)
     return {"out": str(final), **info}
+
+
+def untie(src: str | Path, out: str | Path) -> Path:
+    """A copy of ``src`` with an LM head of its own (float32), as Qwen3-8B and larger have: vLLM
+    reloads such a checkpoint in place, where a tied one (this module's models, Qwen3 up to 4B)
+    needs a restart (stages/serve.py). The tests and the serve benchmark swap checkpoints with it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    m.config.tie_word_embeddings = False
+    m.lm_head.weight = torch.nn.Parameter(m.get_input_embeddings().weight.detach().clone())
+    m.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return Path(out)
