@@ -154,6 +154,16 @@ envs_of() {  # I: the --envs of iteration I (a repeated flag: typer takes one va
   # design or a replay is played once, and regret scores it like any other
   for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
 }
+design_and_validate() {  # I DESIGNER: iteration I's designs (with ENGINE=serve, DESIGNER loaded first) and their verdicts
+  design_flags_for "$2"
+  [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$2" "$1"
+  # shellcheck disable=SC2086
+  stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$1" --seed "$SEED" --out "$designs" $DESIGN_ARGS
+  validate_flags=()
+  [[ -f "$memory" && -z "$POOL" ]] && validate_flags+=(--memory "$memory")
+  # shellcheck disable=SC2086
+  stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
+}
 # --- end shared flags -----------------------------------------------------------------------------
 
 # >>> loop mode (docs/pipeline.md): a run dir holds one mode; PIPELINE=1 continues in loop_pipelined.sh
@@ -212,16 +222,7 @@ for ((i = 0; i < ITERS; i++)); do
   fi
   echo "== iteration $i (model: $ckpt)" >&2
 
-  design_flags_for "$designer"
-  [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$designer" "$i"
-  # shellcheck disable=SC2086
-  stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$i" --seed "$SEED" --out "$designs" $DESIGN_ARGS
-
-  validate_flags=()
-  [[ -f "$memory" && -z "$POOL" ]] && validate_flags+=(--memory "$memory")
-  # shellcheck disable=SC2086
-  stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
-
+  design_and_validate "$i" "$designer"
   envs_of "$i"
   if ((ROLLOUT_SHARDS > 1)); then
     # Shards are written by the Slurm array (recipes/slurm/multi_node/); wait for all of them.

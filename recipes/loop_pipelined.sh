@@ -117,15 +117,8 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   echo "== iteration $j: generating with $sampler" >&2
   designer="$sampler"
   [[ "$FROZEN_DESIGNER" == 1 ]] && designer="$MODEL"
-  design_flags_for "$designer"
   # with ENGINE=serve, each sampling stage with work to do first has the server load its checkpoint
-  [[ -n "$POOL" || -f "$designs.manifest.json" ]] || serve_load "$designer" "$j"
-  # shellcheck disable=SC2086
-  stage "$SPADE" design "${design_flags[@]}" --n "$N_ENVS" --iteration "$j" --seed "$SEED" --out "$designs" $DESIGN_ARGS
-  validate_flags=()
-  [[ -f "$memory" && -z "$POOL" ]] && validate_flags+=(--memory "$memory")
-  # shellcheck disable=SC2086
-  stage "$SPADE" validate --designs "$designs" --out "$validated" "${validate_flags[@]}" $VALIDATE_ARGS
+  design_and_validate "$j" "$designer"
   envs_of "$j"
   [[ -f "$rollouts.manifest.json" ]] || serve_load "$sampler" "$j"
   # shellcheck disable=SC2086
