@@ -137,7 +137,7 @@ BaseUrlOpt = Annotated[
 # tests/test_cli_help.py checks each against the constant of the module that acts on the value.
 Signal = Literal["regret", "ema_lp", "learnability"]  # spade_cli.designer.curriculum.SIGNALS
 Overflow = Literal["close", "end"]  # spade_cli.backends.thinking.OVERFLOW
-Contract = Literal["full", "short"]  # spade_cli.designer.prompts.CONTRACTS
+Contract = Literal["full", "short", "spec"]  # spade_cli.designer.prompts.CONTRACTS
 Tier = Literal["auto", "process", "strong"]  # "auto" or spade_cli.sandbox.config.TIERS
 MinTier = Literal["process", "strong"]  # spade_cli.sandbox.config.TIERS
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]

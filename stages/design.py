@@ -99,11 +99,11 @@ def _unclosed(text: str) -> bool:
 
 
 def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: int, gen: dict,
-               think: Thinking | None = None) -> Design:
+               think: Thinking | None = None, contract: str = "full") -> Design:
     """One row per sample. A reply that never left its reasoning (``think_overflow``) is a failed
     design with that reason, whatever its reasoning text holds: code drafted while thinking is no
     answer. Tokens spade appended (a forced ``</think>``) are 0 in ``tokens.env_mask``."""
-    parsed = prompts.parse_completion(sample.text)
+    parsed = prompts.parse_completion(sample.text, contract)
     extra = sample.extra or {}
     record = {k: extra[k] for k in ("think_tokens", "answer_tokens", "forced_tokens") if k in extra}
     if think is not None:
@@ -127,7 +127,8 @@ def design_row(p: dict, j: int, sample: Any, prompt_ids: list[int], iteration: i
                   iteration=iteration, group_id=p["group_id"], sample=j, doc=p["doc"],
                   messages=p["messages"], completion=sample.text, title=parsed.title, code=parsed.code,
                   hint=parsed.hint, parse_error=parsed.error, tokens=tokens,
-                  gen={**gen, **record, "finish_reason": sample.finish_reason})
+                  gen={**gen, **record, "finish_reason": sample.finish_reason},
+                  extra={"spec": parsed.spec} if parsed.spec and not failed else {})
 
 
 def _resume_groups(stage: Any, group: int) -> dict[str, list[dict]]:
@@ -254,7 +255,8 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
                                      f"{len(part)} prompts x {group}")
                 for p, pid, samples, group_seed in zip(part, ids, outs, seeds, strict=True):
                     for j, s in enumerate(samples):
-                        row = design_row(p, j, s, pid, iteration, {**gen, "seed": group_seed}, think)
+                        row = design_row(p, j, s, pid, iteration, {**gen, "seed": group_seed}, think,
+                                         contract)
                         parse_errors += row.parse_error is not None
                         think_overflows += bool((row.gen or {}).get("think_overflow"))
                         prompt_tokens += len(pid)

@@ -322,17 +322,23 @@ def duplicates(designs: list[Design], memory: list[Memory], max_chars: int | Non
         h = _hash(d.code, max_chars) if d.code else None
         code = env_id_for(d.code, "") if d.code else None
         pooled = (d.gen or {}).get("backend") == "pool"
+        # A design-space env is its spec compiled: the same spec in a later iteration is the cell
+        # chosen again (its history grows in the memory), and two cells share their structure by
+        # construction. Only the same code twice in one input is a duplicate.
+        spec = "spec" in d.extra
         found: tuple[str, str] | None = None
-        if d.env_id in mem_ids:
+        if spec:
+            pass
+        elif d.env_id in mem_ids:
             found = (f"env_id {d.env_id} is already in memory", d.env_id)
         elif code in mem_code:
             found = (f"same code as env {mem_code[code]} in memory", mem_code[code])
         elif h in mem_hash and not pooled:
             found = (f"{SAME} {mem_hash[h]} in memory", mem_hash[h])
-        elif code in seen_code:
+        if found is None and code in seen_code:
             row, eid = seen_code[code]
             found = (f"same code as env {eid} (input row {row + 1})", eid)
-        elif h in seen_hash and not pooled:
+        elif found is None and h in seen_hash and not pooled and not spec:
             row, eid = seen_hash[h]
             found = (f"{SAME} {eid} (input row {row + 1})", eid)
         if code is not None:

@@ -75,11 +75,24 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
                                example=example, contract=contract, memory_k=memory_k)
             prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
             for env in envs:
-                answer = prompts.format_answer(env["title"], env["code"], env["hint"])
+                answer = (_spec_answer(env["spec"], seed, epoch) if contract == "spec"
+                          else prompts.format_answer(env["title"], env["code"], env["hint"]))
                 completion_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
                 samples.append({"input_ids": prompt_ids + completion_ids,
                                 "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids)})
     return samples
+
+
+def _spec_answer(spec: dict, seed: int, epoch: int) -> str:
+    """A design-space target: the env's cell with rounds and feedback drawn per epoch, so the
+    Designer learns every knob's range, not one setting."""
+    import random
+
+    from spade_cli.designer import space
+
+    rng = random.Random(f"{seed}|{epoch}|{spec['rule']}|{spec['level']}")
+    return space.format_spec(space.Spec(spec["rule"], spec["level"], rng.randint(1, space.MAX_ROUNDS),
+                                        rng.choice(space.FEEDBACK)))
 
 
 def load_envs(pool: str) -> list[dict]:
@@ -115,6 +128,9 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     envs = pick_envs(pool, max_examples)
     if not envs:
         raise SpadeError(f"the pool {pool!r} has no environments")
+    if contract == "spec" and epochs and not all("spec" in e for e in envs):
+        raise SpadeError(f"--contract spec trains the Designer on specs: use a design-space pool "
+                         f"(--pool space), not {pool!r}")
     if epochs == 0 and agent_episodes == 0:
         raise SpadeError("nothing to train: epochs (Designer) and agent_episodes (Agent) are both 0")
     # The Agent's pool is read here too, before any model loads: a bad pool file is refused at once.

@@ -106,7 +106,9 @@ def design(
         "(off: a compact prompt, e.g. for a small warm-started model).", rich_help_panel=PROMPT)] = True,
     contract: Annotated[Contract, typer.Option(
         "--contract", help="The system message: the environment contract in full, or short (a few "
-        "lines, for a small warm-started model; use the same in `spade warmstart`).",
+        "lines, for a small warm-started model; use the same in `spade warmstart`), or spec: the "
+        "Designer writes a one-line spec of the design space and spade writes the env "
+        "(docs/curriculum.md).",
         rich_help_panel=PROMPT)] = "full",
     chunk: Annotated[int, typer.Option(
         "--chunk", help="Prompts per backend call (0: all in one call); smaller resumes finer.", min=0,

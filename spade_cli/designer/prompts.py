@@ -74,7 +74,19 @@ Title: <a short title>
 ```
 Hint: <the hint>
 """
-CONTRACTS = {"full": SYSTEM, "short": SHORT_SYSTEM}
+# The design space (`--contract spec`, spade_cli/envs/space.py): the Designer picks a cell and two
+# knobs in one line; spade writes the code and the hint.
+SPEC_SYSTEM = """\
+You are the Designer. Choose a training environment for a text agent from a family of short \
+round-based tasks: each round shows a cue word and a word or a number, and the agent must apply the \
+cue's rule to it. The agent gets the rule as a hint only in some episodes.
+Rules: first_letter, last_letter, backwards, shout (capitals), double, plus_one.
+level 1-5: the word's length (3 to 7 letters) or the number's digits (1 to 5). rounds 1-5. \
+feedback: corrected (a wrong answer is shown the right one) or marked.
+Answer as:
+Spec: rule=<rule> level=<1-5> rounds=<1-5> feedback=<corrected|marked>
+"""
+CONTRACTS = {"full": SYSTEM, "short": SHORT_SYSTEM, "spec": SPEC_SYSTEM}
 
 INTRO_EXAMPLE = "Here is an example of a complete answer in the required format."
 NO_DOC = ("Choose any domain you like for the new environment.")
@@ -178,6 +190,7 @@ class Parsed:
     code: str | None
     hint: str | None
     error: str | None
+    spec: dict | None = None  # the design space's spec (``--contract spec``), as compiled
 
 
 _THINK = re.compile(r"<think>.*?(</think>|\Z)", re.S)
@@ -206,13 +219,39 @@ def _blocks(text: str) -> list[tuple[str, str, int, int]]:
     return out
 
 
-def parse_completion(text: str | None) -> Parsed:
-    """Title, code and hint from a Designer completion (see the module docstring)."""
-    if not text or not text.strip():
-        return Parsed(None, None, None, "empty completion")
+def _answer_body(text: str) -> str:
     body = _THINK.sub("", text)
     if "</think>" in body:  # a template that opens the think block in the prompt
         body = body.split("</think>", 1)[1]
+    return body
+
+
+def parse_spec_completion(text: str | None) -> Parsed:
+    """A ``--contract spec`` completion: its first ``Spec:`` line (or, without one, its first line
+    with a ``rule=``), compiled by the design space into title, code and hint."""
+    from spade_cli.designer import space
+
+    if not text or not text.strip():
+        return Parsed(None, None, None, "empty completion")
+    lines = _answer_body(text).splitlines()
+    line = next((ln for ln in lines if ln.strip().lower().startswith("spec")), None)
+    line = line or next((ln for ln in lines if "rule" in ln.lower()), None)
+    if line is None:
+        return Parsed(None, None, None, "no spec line")
+    try:
+        env = space.compile_spec(space.parse_spec(line.split(":", 1)[1] if line.lower().startswith("spec") else line))
+    except space.SpecError as exc:
+        return Parsed(None, None, None, f"bad spec: {exc}")
+    return Parsed(env["title"], env["code"], env["hint"], None, env["spec"])
+
+
+def parse_completion(text: str | None, contract: str = "full") -> Parsed:
+    """Title, code and hint from a Designer completion (see the module docstring)."""
+    if contract == "spec":
+        return parse_spec_completion(text)
+    if not text or not text.strip():
+        return Parsed(None, None, None, "empty completion")
+    body = _answer_body(text)
     blocks = _blocks(body)
     code_block = next((b for b in blocks if b[0] in ("python", "py", "python3")), None)
     if code_block is None:

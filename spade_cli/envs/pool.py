@@ -60,7 +60,13 @@ STARTER_POOL = Path(__file__).resolve().parents[1] / "data" / "starter"
 # warm-start targets for a small model. Its "path" is the generator, so a stage that reads it
 # is out of date when the generator changes.
 FAMILY_POOL = Path(__file__).resolve().parent / "family.py"
-NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL, "family": FAMILY_POOL}
+# The design space's cells (spade_cli/designer/space.py): ``space`` every trainable cell (the uniform
+# static pool of the curriculum experiments), ``space-heldout`` the held-out cells, ``space-grid``
+# all of them (the probe grid), ``space-practice`` the Agent's warm-start envs.
+SPACE_POOL = Path(__file__).resolve().parents[1] / "designer" / "space.py"
+SPACE_POOLS = {"space": False, "space-heldout": True, "space-grid": None}
+NAMED_POOLS = {"bundled": BUNDLED_POOL, "starter": STARTER_POOL, "family": FAMILY_POOL,
+               **{name: SPACE_POOL for name in (*SPACE_POOLS, "space-practice")}}
 
 
 def pool_path(spec: str) -> Path:
@@ -74,12 +80,18 @@ def load_envs(spec: str) -> list[dict]:
         from spade_cli.envs import family
 
         return [{**e, "source": f"family:{e['name']}"} for e in family.members(0)]
+    if spec in SPACE_POOLS or spec == "space-practice":
+        from spade_cli.designer import space
+
+        envs = space.practice_envs() if spec == "space-practice" else space.grid_envs(SPACE_POOLS[spec])
+        return [{**e, "source": f"{spec}:{e['name']}"} for e in envs]
     path = pool_path(spec)
     if path.is_dir():
         return load_folder(path)
     if path.is_file():
         return load_jsonl(path)
-    raise InputError(path, None, "no such pool folder or file (or use rg:NAME,..., 'bundled', 'starter' or 'family')")
+    named = ", ".join(repr(n) for n in NAMED_POOLS)
+    raise InputError(path, None, f"no such pool folder or file (or use rg:NAME,... or one of {named})")
 
 
 RG_ITEMS = 8
@@ -286,4 +298,5 @@ def pool_rows(envs: list[dict], iteration: int, seed: int) -> list[Design]:
     return [Design(iteration=iteration, group_id=None, sample=0, doc=None, messages=None, completion=None,
                    title=e["title"], code=e["code"], hint=e["hint"], parse_error=None, tokens=None,
                    gen={"model": None, "backend": "pool", "temperature": None, "seed": seed},
-                   extra={"pool_source": e["source"], "pool_copy": e.get("copy", 0)}) for e in envs]
+                   extra={"pool_source": e["source"], "pool_copy": e.get("copy", 0),
+                          **({"spec": e["spec"]} if "spec" in e else {})}) for e in envs]

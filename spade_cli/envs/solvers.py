@@ -82,6 +82,19 @@ SOLVERS: dict[str, Policy] = {"relay_word": relay_word, "signal_rules": signal_r
                              "next_letter": next_letter, "opposites": opposites}
 
 
+def space_policy(env: dict) -> Policy | None:
+    """The solver of a design-space env (``spade_cli.designer.space``): its rule applied to the last cue."""
+    spec = env.get("spec")
+    if not spec:
+        return None
+    from spade_cli.designer import space
+
+    def policy(obs: list[str], rng: random.Random, noise: float) -> str:
+        right = space.solve(obs[-1], spec["rule"]) if obs else None
+        return right if right is not None and rng.random() >= noise else "?"
+    return policy
+
+
 class ScriptedBackend:
     """A backend whose replies come from a policy over the observations in the prompt.
 
@@ -123,12 +136,15 @@ def play(tokenizer: Any, envs: list[dict], episodes: int, *, noise: float, seed:
     rows: list[Any] = []
     with SandboxPool(SandboxConfig(tier="auto")) as pool:
         for env in envs:
-            policy = SOLVERS.get(env["name"])
+            policy = SOLVERS.get(env["name"]) or space_policy(env)
             if policy is None:
                 continue
             env_id = f"warmstart-{env['name']}"
+            # a practice env of the design space shows a random cue, so only its hint says what to
+            # do: it is played hinted only (the warm start teaches reading a hint, not the cues)
+            sides = (True,) if env["name"].startswith("practice_") else (False, True)
             specs = [EpisodeSpec(episode_id(seed, -1, env_id, p, h), env_id, -1, h, SEED_BASE + seed * episodes + p, p)
-                     for p in range(episodes) for h in (False, True)]
+                     for p in range(episodes) for h in sides]
             backend = ScriptedBackend(tokenizer, policy, noise, seed)
             engine = Engine(backend, pool, {env_id: EnvSource(env_id, env["code"], env["hint"])}, cfg,
                             rows.append, env_error=EnvError)

@@ -1,0 +1,130 @@
+"""Tables of the design-space experiments, from their run directories (docs/curriculum.md).
+
+    python recipes/curriculum/summarize.py gate runs/curriculum
+    python recipes/curriculum/summarize.py steering runs/curriculum [--last 3]
+
+``gate``: per seed, the warm Agent's probe (cells where the hint helps by >= 0.2) and, after the
+gate's learning loop, what the Agent gained unhinted on the cells it failed (trainable and
+held-out separately). ``steering``: per arm, the true regret of the valid designs of the last
+``--last`` iterations (each design's cell looked up on the frozen Agent's probe), the share of
+them in learnable cells, and validity, as mean and 95% interval over seeds. Markdown on stdout,
+the same figures as JSON in ROOT/summary_MODE.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from spade_cli.core.artifacts import read_records
+from spade_cli.core.records import to_row
+from spade_cli.designer import space
+from spade_cli.designer.curriculum import mean, sample_var, t975
+from spade_cli.evaluation import cells
+
+
+def load(path: Path) -> list[dict]:
+    return [to_row(r) for r in read_records(path)]
+
+
+def probe(dir_: Path) -> dict | None:
+    if not (dir_ / "scores.jsonl").exists():
+        return None
+    return cells.cell_table(load(dir_ / "validated.jsonl"), load(dir_ / "scores.jsonl"))
+
+
+def interval(xs: list[float]) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "n/a"
+    m = mean(xs)
+    if len(xs) < 2:
+        return f"{m:.3f} (n=1)"
+    half = t975(len(xs) - 1) * (sample_var(xs) / len(xs)) ** 0.5
+    return f"{m:.3f} ± {half:.3f} (n={len(xs)})"
+
+
+def seeds(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("seed*") if p.is_dir())
+
+
+def gate(root: Path) -> dict:
+    out = {}
+    for sd in seeds(root):
+        warm, learned = probe(sd / "probe_warm"), probe(sd / "probe_learned")
+        if warm is None:
+            continue
+        fig = {"gate": cells.gate(warm), "frontier": cells.frontier(warm)}
+        failed = [c for c, t in warm.items() if t["unhinted"] < 0.2]
+        if learned:
+            for name, held in (("trainable", False), ("held_out", True)):
+                cs = [c for c in failed if (c in space.HELD_OUT) == held and c in learned]
+                fig[f"failed_{name}"] = {
+                    "cells": len(cs), "unhinted_before": mean([warm[c]["unhinted"] for c in cs]),
+                    "unhinted_after": mean([learned[c]["unhinted"] for c in cs]),
+                    "hinted_after": mean([learned[c]["hinted"] for c in cs])}
+        out[sd.name] = fig
+        print(f"\n### {sd.name}: the warm Agent's probe\n")
+        print("| cell | unhinted | hinted | gain ± 95% | after learning: unhinted |")
+        print("|---|---|---|---|---|")
+        for c in sorted(warm):
+            t = warm[c]
+            after = f"{learned[c]['unhinted']:.2f}" if learned and c in learned else ""
+            mark = " (held out)" if c in space.HELD_OUT else ""
+            print(f"| {c[0]}/{c[1]}{mark} | {t['unhinted']:.2f} | {t['hinted']:.2f} | "
+                  f"{t['gain']:+.2f} ± {t['ci95']:.2f} | {after} |")
+        g = fig["gate"]
+        print(f"\ngate: {g['passing']} of {g['cells']} cells gain >= {g['min_gain']} from the hint "
+              f"({g['significant']} with the interval above 0)")
+        for name in ("failed_trainable", "failed_held_out"):
+            if name in fig:
+                f = fig[name]
+                print(f"{name}: {f['cells']} cells, unhinted {f['unhinted_before']} -> {f['unhinted_after']}")
+    return out
+
+
+def steering(root: Path, last: int) -> dict:
+    per_arm: dict[str, dict[str, list]] = {}
+    for sd in seeds(root):
+        table = probe(sd / "probe_warm")
+        if table is None:
+            continue
+        for run in sorted(p for p in (sd / "steering").glob("*") if p.is_dir()):
+            iters = sorted(run.glob("iter_*/validated.jsonl"))
+            if not iters:
+                continue
+            rows = [cells.choices(load(p), table) for p in iters]
+            tail = rows[-last:]
+            acc = per_arm.setdefault(run.name, {"true_regret": [], "learnable_share": [], "valid_share": [],
+                                                "first_true_regret": [], "iterations": []})
+            acc["true_regret"].append(mean([r["true_regret"] for r in tail if r["true_regret"] is not None]))
+            acc["learnable_share"].append(mean([r["learnable_share"] for r in tail
+                                                if r["learnable_share"] is not None]))
+            acc["valid_share"].append(mean([r["valid"] / r["designs"] for r in tail]))
+            acc["first_true_regret"].append(rows[0]["true_regret"])
+            acc["iterations"].append(len(rows))
+    print(f"\n| arm | seeds | iterations | true regret, first iteration | true regret, last {last} "
+          f"| learnable share, last {last} | valid share, last {last} |")
+    print("|---|---|---|---|---|---|---|")
+    for arm, a in sorted(per_arm.items()):
+        print(f"| {arm} | {len(a['true_regret'])} | {min(a['iterations'])}-{max(a['iterations'])} | "
+              f"{interval(a['first_true_regret'])} | {interval(a['true_regret'])} | "
+              f"{interval(a['learnable_share'])} | {interval(a['valid_share'])} |")
+    return per_arm
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["gate", "steering"])
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--last", type=int, default=3)
+    args = ap.parse_args(argv)
+    figures = gate(args.root) if args.mode == "gate" else steering(args.root, args.last)
+    (args.root / f"summary_{args.mode}.json").write_text(json.dumps(figures, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

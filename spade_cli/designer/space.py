@@ -1,0 +1,220 @@
+"""The design space: a miniature in which a small Designer writes a spec and spade writes the env.
+
+A 13M-parameter model cannot write free-form environments, so the curriculum is tested where it
+can act (docs/curriculum.md). In ``spade design --contract spec`` the Designer answers with one
+line, e.g. ``Spec: rule=backwards level=3 rounds=4 feedback=corrected``, and ``compile_spec`` turns
+it into the env's code and hint. Everything after design (validate, rollout, regret, memory,
+update) sees an ordinary design row, with the parsed spec kept in the row's ``spec`` field.
+
+The space is ``RULES x LEVELS`` cells, with two knobs that change an episode but not its cell:
+
+- ``rule``: what turns the shown material into the answer (a word's first or last letter, the
+  word backwards or in capitals, a number doubled or plus one). The env shows only a cue word of
+  its own (``Blick: planet``), never the rule: without the hint the Agent must learn what the cue
+  asks from the rewards; the hint states the rule;
+- ``level`` 1-5, the difficulty knob with a real range: the word's length (3 to 7 letters) or the
+  number's digit count (1 to 5). Past some level a 13M Agent fails even with the hint;
+- ``rounds`` 1-5: rounds per episode, each paying 1/rounds;
+- ``feedback``: a wrong answer is ``corrected`` (the env shows the right one) or only ``marked``.
+
+One cell per rule is held out (``HELD_OUT``): a spec naming one is a parse error, so no Designer,
+pool or warm start ever trains on it, and ``heldout_envs`` builds the suite from exactly those
+cells. ``practice_envs`` are the Agent's warm-start envs: every trainable cell with a cue drawn
+at random each round, so that only the hint says what to do (the warm start teaches reading a
+hint, not the cues).
+
+    env = compile_spec(parse_spec("rule=double level=2"))   # {"name", "title", "code", "hint", "spec"}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+# word material by length (level 1 = 3 letters ... level 5 = 7 letters)
+WORDS = {
+    3: ["ant", "bee", "cat", "dog", "elk", "fox", "hen", "ink", "jam", "key", "log", "map", "net",
+        "owl", "pen", "rug", "sun", "top"],
+    4: ["bark", "cave", "dust", "frog", "gold", "harp", "iris", "jump", "kite", "lamp", "mint",
+        "nest", "oven", "pear", "rock", "sand", "tent", "wolf"],
+    5: ["apple", "brick", "cloud", "dance", "eagle", "flame", "grape", "house", "juice", "knife",
+        "lemon", "music", "ocean", "piano", "river", "stone", "tiger", "wheat"],
+    6: ["anchor", "bridge", "candle", "desert", "engine", "forest", "garden", "hammer", "island",
+        "jacket", "kitten", "ladder", "market", "needle", "orange", "pencil", "rocket", "silver"],
+    7: ["balloon", "cabinet", "dolphin", "emerald", "fiction", "giraffe", "harvest", "iceberg",
+        "journey", "kingdom", "lantern", "mustard", "nucleus", "octopus", "pilgrim", "rainbow",
+        "sparrow", "teacher"],
+}
+LEVELS = (1, 2, 3, 4, 5)
+FEEDBACK = ("corrected", "marked")
+MAX_ROUNDS = 5
+# cue words the real envs show, one per rule; practice envs draw theirs from PRACTICE_CUES
+PRACTICE_CUES = ["Zorp", "Mib", "Tove", "Quell", "Vash", "Nork", "Plim", "Drax", "Sulk", "Gobe",
+                 "Hux", "Yarn", "Lirp", "Covo", "Jint", "Ruba"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    cue: str      # what the env shows in place of the rule
+    kind: str     # "word" or "number": what the level sizes
+    want: str     # the answer, an expression over ``m`` (the drawn material)
+    hint: str     # the rule in one sentence
+    exact_case: bool = False
+
+
+RULES = {
+    "first_letter": Rule("Dax", "word", "m[0]", "Reply with the first letter of the word alone."),
+    "last_letter": Rule("Wug", "word", "m[-1]", "Reply with the last letter of the word alone."),
+    "backwards": Rule("Blick", "word", "m[::-1]", "Reply with the word's letters in reverse order."),
+    "shout": Rule("Fep", "word", "m.upper()", "Reply with the word in capital letters.", exact_case=True),
+    "double": Rule("Toma", "number", "str(2 * int(m))", "Reply with twice the number, in digits."),
+    "plus_one": Rule("Kiki", "number", "str(int(m) + 1)", "Reply with the number plus one, in digits."),
+}
+# one cell per rule, at levels spread over the range: the held-out suite (never trained)
+HELD_OUT = {("first_letter", 4), ("last_letter", 2), ("backwards", 3), ("shout", 5), ("double", 3),
+            ("plus_one", 4)}
+
+
+@dataclass(frozen=True)
+class Spec:
+    rule: str
+    level: int
+    rounds: int = 3
+    feedback: str = "corrected"
+
+    @property
+    def cell(self) -> tuple[str, int]:
+        return (self.rule, self.level)
+
+    def text(self) -> str:
+        return f"rule={self.rule} level={self.level} rounds={self.rounds} feedback={self.feedback}"
+
+
+class SpecError(ValueError):
+    pass
+
+
+_PAIR = re.compile(r"([A-Za-z_]+)\s*[=:]\s*([A-Za-z_0-9]+)")
+
+
+def parse_spec(text: str, *, allow_held_out: bool = False) -> Spec:
+    """A spec from ``key=value`` pairs (``:`` also accepted, any order and separators); rule and
+    level are required. Anything unknown or out of range is a ``SpecError`` that says what."""
+    pairs = {}
+    for key, value in _PAIR.findall(text or ""):
+        key = key.lower()
+        if key in pairs and pairs[key] != value:
+            raise SpecError(f"{key} given twice ({pairs[key]}, {value})")
+        pairs[key] = value
+    unknown = sorted(set(pairs) - {"rule", "level", "rounds", "feedback"})
+    if unknown:
+        raise SpecError(f"unknown key {unknown[0]!r} (keys: rule, level, rounds, feedback)")
+    for need in ("rule", "level"):
+        if need not in pairs:
+            raise SpecError(f"no {need}=")
+    rule = pairs["rule"].lower()
+    if rule not in RULES:
+        raise SpecError(f"unknown rule {rule!r} (rules: {', '.join(RULES)})")
+    level = _int(pairs, "level", 1, len(LEVELS))
+    rounds = _int(pairs, "rounds", 1, MAX_ROUNDS) if "rounds" in pairs else 3
+    feedback = pairs.get("feedback", "corrected").lower()
+    if feedback not in FEEDBACK:
+        raise SpecError(f"unknown feedback {feedback!r} (feedback: {', '.join(FEEDBACK)})")
+    spec = Spec(rule, level, rounds, feedback)
+    if spec.cell in HELD_OUT and not allow_held_out:
+        raise SpecError(f"rule={rule} level={level} is held out for evaluation")
+    return spec
+
+
+def _int(pairs: dict, key: str, lo: int, hi: int) -> int:
+    value = pairs[key]
+    if not value.isdigit() or not lo <= int(value) <= hi:
+        raise SpecError(f"{key}={value} is not an integer from {lo} to {hi}")
+    return int(value)
+
+
+def material(rule: Rule, level: int) -> str:
+    """The module-level constant the env draws from: a word list or a number range."""
+    if rule.kind == "word":
+        return f"MATERIAL = {WORDS[level + 2]!r}"
+    return f"MATERIAL = ({10 ** (level - 1) if level > 1 else 1}, {10 ** level})"
+
+
+def _code(spec: Spec, practice: bool) -> str:
+    rule = RULES[spec.rule]
+    draw = ("str(self.np_random.choice(MATERIAL))" if rule.kind == "word"
+            else "str(int(self.np_random.integers(*MATERIAL)))")
+    cue = "str(self.np_random.choice(CUES))" if practice else repr(rule.cue)
+    cues = f"\nCUES = {PRACTICE_CUES!r}" if practice else ""
+    cmp = "action.strip()" if rule.exact_case else "action.strip().lower()"
+    note = 'f"No, it is {want}."' if spec.feedback == "corrected" else '"No."'
+    cls = "Practice" if practice else rule.cue
+    return f'''import gymnasium as gym
+
+{material(rule, spec.level)}{cues}
+
+
+class {cls}(gym.Env):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.draw()
+        return f"{{self.cue}}: {{self.m}}", {{}}
+
+    def draw(self):
+        self.m = {draw}
+        self.cue = {cue}
+
+    def step(self, action):
+        m = self.m
+        want = {rule.want}
+        ok = {cmp} == want
+        note = "Yes." if ok else {note}
+        self.t += 1
+        self.draw()
+        return f"{{note}} {{self.cue}}: {{self.m}}", ok / {spec.rounds}, self.t == {spec.rounds}, False, {{}}
+'''
+
+
+def compile_spec(spec: Spec, *, practice: bool = False) -> dict:
+    """The env of a spec: ``{name, title, code, hint, spec}`` (``spec`` a plain dict)."""
+    rule = RULES[spec.rule]
+    size = f"{spec.level + 2} letters" if rule.kind == "word" else f"{spec.level} digits"
+    name = f"{'practice_' if practice else ''}{spec.rule}_{spec.level}"
+    title = f"{rule.cue}: {spec.rule} of {size}, {spec.rounds} rounds, {spec.feedback}"
+    return {"name": name, "title": title, "code": _code(spec, practice), "hint": rule.hint,
+            "spec": asdict(spec)}
+
+
+def format_spec(spec: Spec) -> str:
+    """A Designer's answer in the format ``--contract spec`` asks for (warm-start targets)."""
+    return f"Spec: {spec.text()}\n"
+
+
+def cells(held_out: bool | None = False) -> list[tuple[str, int]]:
+    """The cells in a fixed order: trainable ones (False), held-out ones (True) or all (None)."""
+    return [(r, lv) for r in RULES for lv in LEVELS if held_out is None or ((r, lv) in HELD_OUT) == held_out]
+
+
+def grid_envs(held_out: bool | None = False, rounds: int = 3, feedback: str = "corrected") -> list[dict]:
+    """One env per cell: the uniform static pool (trainable cells), the held-out suite, the probe grid."""
+    return [compile_spec(Spec(r, lv, rounds, feedback)) for r, lv in cells(held_out)]
+
+
+def practice_envs() -> list[dict]:
+    """The Agent's warm-start envs: every trainable cell, the cue drawn per round (see above)."""
+    return [compile_spec(Spec(r, lv), practice=True) for r, lv in cells(False)]
+
+
+def solve(observation: str, rule: str) -> str | None:
+    """The right reply to the latest ``Cue: material`` in an observation, or None."""
+    found = re.findall(r"[A-Z][a-z]+: ([A-Za-z0-9]+)\s*$", observation.strip())
+    if not found:
+        return None
+    return ANSWERS[rule](found[-1])
+
+
+# the rules again as Python, for the scripted solver; tests/test_space.py plays every env with it
+ANSWERS = {"first_letter": lambda m: m[0], "last_letter": lambda m: m[-1], "backwards": lambda m: m[::-1],
+           "shout": lambda m: m.upper(), "double": lambda m: str(2 * int(m)),
+           "plus_one": lambda m: str(int(m) + 1)}
