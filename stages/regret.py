@@ -148,6 +148,20 @@ def _iteration_of(envs: list[Validation], given: int | None) -> int:
     return given if given is not None else (seen.pop() if seen else 0)
 
 
+def shuffle_earned(rows: list[dict], iteration: int) -> None:
+    """The control arm of the steering experiment (docs/curriculum.md): the rewards the signal gave
+    (valid, unflagged designs) are permuted among those designs, so validity is still paid but the
+    choice of task is not. The permutation is seeded by the iteration and the designs; each row keeps
+    its own reward in ``designer_reward_earned``."""
+    import random
+
+    earned = [r for r in rows if r["note"] is None]
+    rewards = [r["designer_reward"] for r in earned]
+    random.Random(f"shuffle|{iteration}|{'|'.join(r['env_id'] for r in earned)}").shuffle(rewards)
+    for r, x in zip(earned, rewards, strict=True):
+        r["designer_reward_earned"], r["designer_reward"] = r["designer_reward"], x
+
+
 def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         memory: str | Path | None = None, memory_out: str | Path | None = None, signal: str = "regret",
         clip_negative: bool = False, invalid_reward: float = -1.0,
@@ -155,7 +169,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
         embedding: str = "auto", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
         max_error_rate: float = 0.25, before_rollouts: str | Path | list | None = None,
-        force: bool = False) -> dict:
+        shuffle_rewards: bool = False, force: bool = False) -> dict:
     """Score one iteration; returns the summary dict (also stored in the manifest)."""
     t0 = time.time()
     if signal not in curriculum.SIGNALS:
@@ -201,7 +215,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "embedding_used": diversity.resolve_embedding(embedding),
               "memory_out": str(mem_out) if mem_out else None, "audit": audit, "audit_seeds": audit_seeds,
               "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward,
-              "max_error_rate": max_error_rate}
+              "max_error_rate": max_error_rate, **({"shuffle_rewards": True} if shuffle_rewards else {})}
     stage = Stage(STAGE, out, config, force=force, started=t0)
     stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
     if before_fps:
@@ -278,6 +292,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                              **({"before_success": prior.get(rec.env_id)} if before_paths else {})})
         rows.append(to_row(score))
 
+    if shuffle_rewards:
+        shuffle_earned(rows, it)
     # every design of the iteration, invalid ones and duplicates included: collapse must show
     texts = [diversity.design_parts(r.title, r.code, r.hint, r.completion) for r in designs
              if "replay" not in r.extra]

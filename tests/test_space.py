@@ -160,3 +160,20 @@ def test_the_grid_goes_through_design_and_validate(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
     assert all(r["valid"] for r in rows), [(r["title"], r["reason"]) for r in rows if not r["valid"]]
     assert {(r["spec"]["rule"], r["spec"]["level"]) for r in rows} == set(space.cells(None))
+
+
+@pytest.mark.unit
+def test_shuffled_rewards_permute_only_what_the_signal_earned():
+    from stages.regret import shuffle_earned
+
+    rows = [{"env_id": f"e{i}", "designer_reward": r, "note": n}
+            for i, (r, n) in enumerate([(0.5, None), (-1.0, "invalid: syntax_error"), (0.1, None),
+                                        (0.0, None), (-1.0, "flagged: seed_invariant")])]
+    shuffle_earned(rows, 3)
+    assert [r["designer_reward"] for r in rows if r["note"]] == [-1.0, -1.0]
+    earned = [r for r in rows if r["note"] is None]
+    assert sorted(r["designer_reward"] for r in earned) == [0.0, 0.1, 0.5]
+    assert [r["designer_reward_earned"] for r in earned] == [0.5, 0.1, 0.0]
+    again = [{**r, "designer_reward": r["designer_reward_earned"]} for r in earned]
+    shuffle_earned(again, 3)  # seeded by iteration and designs: the same permutation again
+    assert [r["designer_reward"] for r in again] == [r["designer_reward"] for r in earned]

@@ -87,6 +87,7 @@ def gate(root: Path) -> dict:
 
 def steering(root: Path, last: int) -> dict:
     per_arm: dict[str, dict[str, list]] = {}
+    by_seed: dict[str, dict[str, float]] = {}
     for sd in seeds(root):
         table = probe(sd / "probe_warm")
         if table is None:
@@ -100,6 +101,7 @@ def steering(root: Path, last: int) -> dict:
             acc = per_arm.setdefault(run.name, {"true_regret": [], "learnable_share": [], "valid_share": [],
                                                 "first_true_regret": [], "iterations": []})
             acc["true_regret"].append(mean([r["true_regret"] for r in tail if r["true_regret"] is not None]))
+            by_seed.setdefault(sd.name, {})[run.name] = acc["true_regret"][-1]
             acc["learnable_share"].append(mean([r["learnable_share"] for r in tail
                                                 if r["learnable_share"] is not None]))
             acc["valid_share"].append(mean([r["valid"] / r["designs"] for r in tail]))
@@ -112,6 +114,12 @@ def steering(root: Path, last: int) -> dict:
         print(f"| {arm} | {len(a['true_regret'])} | {min(a['iterations'])}-{max(a['iterations'])} | "
               f"{interval(a['first_true_regret'])} | {interval(a['true_regret'])} | "
               f"{interval(a['learnable_share'])} | {interval(a['valid_share'])} |")
+    # the pre-stated test: the regret arm against each control, paired by seed (shared warm start)
+    for control in ("shuffled", "frozen"):
+        diffs = [d["regret"] - d[control] for d in by_seed.values()
+                 if d.get("regret") is not None and d.get(control) is not None]
+        per_arm.setdefault("paired", {})[f"regret_minus_{control}"] = diffs
+        print(f"\ntrue regret, regret arm minus {control}, paired by seed: {interval(diffs)}")
     return per_arm
 
 

@@ -33,6 +33,10 @@ def regret(
         "--invalid-reward", rich_help_panel=PANEL_SIGNAL,
         help="Reward of invalid designs and parse failures.")]
     = -1.0,
+    shuffle_rewards: Annotated[bool, typer.Option(
+        "--shuffle-rewards", rich_help_panel=PANEL_SIGNAL,
+        help="Control arm: permute the earned rewards among the iteration's valid designs "
+        "(docs/curriculum.md).")] = False,
     success_threshold: Annotated[float, typer.Option(
         "--success-threshold", rich_help_panel=PANEL_SIGNAL,
         help="An episode succeeds when its return reaches this (learnability, ema_lp).")] = 0.5,
@@ -88,7 +92,7 @@ def regret(
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
                         replay_staleness=replay_staleness, embedding=embedding, audit=audit,
                         audit_seeds=audit_seeds, flagged_reward=flagged_reward,
-                        max_error_rate=max_error_rate, force=force)
+                        max_error_rate=max_error_rate, shuffle_rewards=shuffle_rewards, force=force)
     warnings = summary.get("warnings", [])
     for w in warnings[:5]:  # one per env without rollouts can be many: the manifest keeps them all
         console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
