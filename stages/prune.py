@@ -43,6 +43,7 @@ from stages import prune_owner as owner
 
 MARKER = "pruned.json"
 ROUTINE = ("latest", "recent", "eval point", "a pending update reads it")
+EVERY = "its update count is a multiple of --keep-state-every"
 
 
 def _ckpt_number(name: str) -> int | None:
@@ -105,14 +106,14 @@ def _state_to_drop(ck_fd: int, keep_state_every: int) -> tuple[dict, list[str]] 
     try:
         meta = owner.read_json_at(st_fd, trainer_state.META)
         if meta is None:
-            return None  # no counters: not a state spade's update saved
+            return f"{trainer_state.STATE_DIR}/ has no {trainer_state.META}: not a state spade's update saved"
         if isinstance(meta, str) or meta.get("format") != trainer_state.FORMAT:
             return f"{trainer_state.META} is not spade's ({meta if isinstance(meta, str) else 'another format'})"
         entries = [n for n in sorted(os.listdir(st_fd)) if n != trainer_state.META and owner.real_entry_at(st_fd, n)]
         if not meta.get("pruned"):
             every = keep_state_every and isinstance(meta.get("updates"), int) and meta["updates"] % keep_state_every == 0
             if every:
-                return f"its update count is a multiple of --keep-state-every {keep_state_every}"
+                return EVERY
         return (meta, entries) if entries else None
     finally:
         os.close(st_fd)
@@ -220,11 +221,15 @@ def _one(layout: RunLayout, ckpt_fd: int, name: str, j: int, latest: int, served
 
 def describe(result: dict) -> list[str]:
     """Lines for stderr: what went, and each checkpoint kept for a reason other than the schedule."""
-    lines = [f"pruned {len(result['states'])} trainer states, {len(result['checkpoints'])} checkpoints "
+    verb = "would prune" if result["status"] == "dry run" else "pruned"
+    lines = [f"{verb} {len(result['states'])} trainer states, {len(result['checkpoints'])} checkpoints "
              f"({result['freed_bytes'] / 1e9:.2f} GB)"]
     routine = [w for w in result.get("kept", {}).values() if w in ROUTINE]
     if routine:
         lines.append("kept " + ", ".join(f"{routine.count(w)} {w}" for w in ROUTINE if w in routine))
     lines += [f"kept {ck}: {w}" for ck, w in result.get("kept", {}).items() if w not in ROUTINE]
-    lines += [f"kept the trainer state of {ck}: {w}" for ck, w in result.get("kept_states", {}).items()]
+    states = result.get("kept_states", {})
+    every = sum(w == EVERY for w in states.values())
+    lines += [f"kept {every} trainer states: {EVERY}"] if every else []
+    lines += [f"kept the trainer state of {ck}: {w}" for ck, w in states.items() if w != EVERY]
     return lines
