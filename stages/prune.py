@@ -34,6 +34,7 @@ kept. The run's starting model (iteration 0) is not under ``ckpt/``.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from spade_cli.core import locks
@@ -134,6 +135,20 @@ def _drop_state(ck_fd: int, meta: dict, entries: list[str]) -> int:
         os.close(st_fd)
 
 
+@dataclass(frozen=True)
+class Retention:
+    latest: int
+    keep_ckpts: int
+    keep_state_every: int
+    eval_every: int
+    dry_run: bool
+
+    @property
+    def why(self) -> str:
+        return (f"retention after iteration {self.latest - 1}: keep {self.keep_ckpts} latest, eval points every "
+                f"{self.eval_every or 'never'}")
+
+
 def prune(run: str | Path, iteration: int, keep_ckpts: int = 2, keep_state_every: int = 0,
           eval_every: int = 0, dry_run: bool = False) -> dict:
     """Apply the retention after iteration ``iteration``'s update; returns what went, what stayed and why."""
@@ -142,11 +157,11 @@ def prune(run: str | Path, iteration: int, keep_ckpts: int = 2, keep_state_every
     if keep_state_every < 0 or eval_every < 0:
         raise SpadeError("--keep-state-every and --eval-every must be 0 (off) or positive")
     layout = RunLayout(Path(run))
-    latest = iteration + 1
-    if not _published(layout, latest):
-        return {"status": "nothing to do", "reason": f"{layout.ckpt(latest)} is not published yet",
+    policy = Retention(iteration + 1, keep_ckpts, keep_state_every, eval_every, dry_run)
+    if not _published(layout, policy.latest):
+        return {"status": "nothing to do", "reason": f"{layout.ckpt(policy.latest)} is not published yet",
                 "states": [], "checkpoints": [], "kept": {}, "freed_bytes": 0}
-    result = {"status": "dry run" if dry_run else "ok", "latest": str(layout.ckpt(latest)), "states": [],
+    result = {"status": "dry run" if dry_run else "ok", "latest": str(layout.ckpt(policy.latest)), "states": [],
               "checkpoints": [], "kept": {}, "kept_states": {}, "freed_bytes": 0}
     ckpt_fd = owner.open_ckpt_dir(layout.root)
     if isinstance(ckpt_fd, str):  # a link or no directory: nothing under it is the run's to delete
@@ -156,13 +171,12 @@ def prune(run: str | Path, iteration: int, keep_ckpts: int = 2, keep_state_every
     run_lock = None if dry_run else locks.acquire(layout.root / "ckpt")
     try:
         served = owner.served(layout)
-        why = (f"retention after iteration {iteration}: keep {keep_ckpts} latest, eval points every "
-               f"{eval_every or 'never'}")
         for name in sorted(os.listdir(ckpt_fd)):
             j = _ckpt_number(name)
             if j is not None:
-                _one(layout, ckpt_fd, name, j, latest, served, result, keep_ckpts, keep_state_every, eval_every,
-                     dry_run, why)
+                _one(layout, ckpt_fd, name, j, policy, served, result)
+    except OSError as exc:
+        raise _failed(layout.root / "ckpt", exc) from None
     finally:
         os.close(ckpt_fd)
         if run_lock is not None:
@@ -170,8 +184,8 @@ def prune(run: str | Path, iteration: int, keep_ckpts: int = 2, keep_state_every
     return result
 
 
-def _one(layout: RunLayout, ckpt_fd: int, name: str, j: int, latest: int, served: dict[str, str], result: dict,
-         keep_ckpts: int, keep_state_every: int, eval_every: int, dry_run: bool, why: str) -> None:
+def _one(layout: RunLayout, ckpt_fd: int, name: str, j: int, policy: Retention, served: dict[str, str],
+         result: dict) -> None:
     """The retention of one entry ``ckpt/NAME``: its state, then its weights, each only if spade's."""
     ck = layout.root / "ckpt" / name
     ck_fd = owner.open_dir_at(ckpt_fd, name)
@@ -184,8 +198,10 @@ def _one(layout: RunLayout, ckpt_fd: int, name: str, j: int, latest: int, served
         if foreign is not None:
             result["kept"][str(ck)] = foreign
             return
-        keep = protected(layout, j, latest, keep_ckpts, eval_every) or served.get(os.path.realpath(ck))
-        state = _state_to_drop(ck_fd, keep_state_every) if j < latest and _published(layout, j + 1) else None
+        keep = (protected(layout, j, policy.latest, policy.keep_ckpts, policy.eval_every)
+                or served.get(os.path.realpath(ck)))
+        superseded = j < policy.latest and _published(layout, j + 1)
+        state = _state_to_drop(ck_fd, policy.keep_state_every) if superseded else None
         weights = _weights_to_drop(ck_fd)
         if isinstance(state, str):
             result["kept_states"][str(ck)] = state
@@ -194,29 +210,34 @@ def _one(layout: RunLayout, ckpt_fd: int, name: str, j: int, latest: int, served
         drop = weights if keep is None and isinstance(weights, list) else []
         if not drop and not isinstance(state, tuple):
             return
-        if not dry_run:
+        if not policy.dry_run:
             # an update (re)writing this checkpoint holds its lock: nothing in it is ours meanwhile
             try:
                 lock = locks.acquire(ck)
             except locks.LockHeld as exc:
                 result["kept"][str(ck)] = f"locked by another stage: {exc}"
                 return
-            keep = owner.served(layout).get(os.path.realpath(ck))  # a server started since the first look
-            if keep is not None and drop:
-                result["kept"][str(ck)], drop = keep, []
+            now_served = owner.served(layout).get(os.path.realpath(ck))  # a server started since the first look
+            if now_served is not None and drop:
+                result["kept"][str(ck)], drop = now_served, []
         if isinstance(state, tuple):
             result["states"].append(str(ck))
-            result["freed_bytes"] += 0 if dry_run else _drop_state(ck_fd, *state)
+            result["freed_bytes"] += 0 if policy.dry_run else _drop_state(ck_fd, *state)
         if drop:
             result["checkpoints"].append(str(ck))
-            result["freed_bytes"] += 0 if dry_run else _drop_weights(ck_fd, drop, why)
+            result["freed_bytes"] += 0 if policy.dry_run else _drop_weights(ck_fd, drop, policy.why)
     except OSError as exc:
-        raise SpadeError(f"{ck}: {exc.strerror or exc} while pruning{f' ({exc.filename})' if exc.filename else ''}; "
-                         "a rerun finishes what this one began") from None
+        raise _failed(ck, exc) from None
     finally:
         os.close(ck_fd)
         if lock is not None:
             lock.release()
+
+
+def _failed(where: Path, exc: OSError) -> SpadeError:
+    # file names in a checkpoint are relative to it (every step goes through its directory)
+    name = f" ({exc.filename})" if exc.filename else ""
+    return SpadeError(f"{where}: {exc.strerror or exc} while pruning{name}; a rerun finishes what this one began")
 
 
 def describe(result: dict) -> list[str]:

@@ -316,17 +316,26 @@ def test_prune_leaves_what_another_stage_writes_and_runs_once_per_run(tmp_path: 
     assert res.returncode == 0 and json.loads(res.stdout)["checkpoints"] == [str(cks[2])]
 
 
-# os.unlink and shutil.rmtree that SIGKILL the process just before deleting one named entry: a
-# prune killed at an exact point of its deletion, with no hook in spade's code
+# an os.unlink that SIGKILLs the process (or fails with an I/O error) just before deleting one
+# named entry: a prune killed or failing at an exact point of its deletion, with no hook in spade
 KILL_HOOK = """
-import os, signal
+import errno, os, signal
 _unlink = os.unlink
 def unlink(path, *args, **kwargs):
     if os.fspath(path) == os.environ.get("PRUNE_KILL_BEFORE"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.fspath(path) == os.environ.get("PRUNE_FAIL_BEFORE"):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
     return _unlink(path, *args, **kwargs)
 os.unlink = unlink
 """
+
+
+def _hooked(tmp_path: Path, **env: str) -> dict:
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(KILL_HOOK)
+    return {"PYTHONPATH": os.pathsep.join([str(hook), os.environ["PYTHONPATH"]]), **env}
 
 
 @pytest.mark.integration
@@ -336,14 +345,11 @@ def test_a_prune_killed_mid_deletion_is_finished_by_the_rerun(tmp_path: Path, ki
     from spade_cli.core.artifacts import SpadeError
     from spade_cli.training import trainer_state
 
-    run, hook = tmp_path / "run", tmp_path / "hook"
+    run = tmp_path / "run"
     cks = _run(run, 5)  # iteration 4, one kept back: 1, 2 and 3 may go
     shards = _shard(cks[1])
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(KILL_HOOK)
     args = ("prune", run, "-i", "4", "--keep-ckpts", "1")
-    env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ["PYTHONPATH"]]), "PRUNE_KILL_BEFORE": kill_before}
-    assert run_spade(*args, env=env).returncode == -signal.SIGKILL
+    assert run_spade(*args, env=_hooked(tmp_path, PRUNE_KILL_BEFORE=kill_before)).returncode == -signal.SIGKILL
     state = trainer_state.find(str(cks[1]))
     # the state goes first, marked pruned before its files: no update resumes from half a state
     assert state["pruned"] and _state(cks[1]) == (kill_before == "optimizer.bin")
@@ -362,6 +368,21 @@ def test_a_prune_killed_mid_deletion_is_finished_by_the_rerun(tmp_path: Path, ki
     assert not any((cks[1] / n).exists() for n in shards) and not _state(cks[1])
     assert json.loads((cks[1] / "pruned.json").read_text())["state"] == "done"
     assert _weights(cks) == [4, 5]
+
+
+@pytest.mark.integration
+def test_a_failing_deletion_is_one_line_naming_the_checkpoint_and_the_rerun_finishes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cks = _run(run, 5)
+    shards = _shard(cks[2])
+    args = ("prune", run, "-i", "4", "--keep-ckpts", "1")
+    res = run_spade(*args, env=_hooked(tmp_path, PRUNE_FAIL_BEFORE=shards[1]))
+    assert res.returncode == 1 and res.stdout == "" and "Traceback" not in res.stderr
+    assert " ".join(res.stderr.split()) == (f"error: {cks[2]}: Input/output error while pruning ({shards[1]}); "
+                                            "a rerun finishes what this one began")
+    assert json.loads((cks[2] / "pruned.json").read_text())["state"] == "deleting"
+    assert json.loads(run_spade(*args).stdout)["checkpoints"] == [str(cks[j]) for j in (2, 3)]
+    assert _weights(cks) == [4, 5] and not any((cks[2] / n).exists() for n in shards)
 
 
 @pytest.mark.unit
