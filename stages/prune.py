@@ -14,8 +14,8 @@ Each iteration's update writes a served checkpoint (2 bytes a parameter in bf16)
   checkpoint a live ``spade serve`` of the run serves or is loading (``stages.prune_owner``).
 
 It owns only what spade wrote (``stages.prune_owner``): a checkpoint is touched only when it is a
-real directory ``RUN/ckpt/iter_NNNN`` (no link on the way, none at it, the run's real path) beside
-spade update's manifest naming it; inside, only the weight files a Hugging Face save writes and the
+real directory ``RUN/ckpt/iter_NNNN`` (neither it nor ``ckpt/`` a link; the run directory, the
+user's name for the run, may be one) beside spade update's manifest naming it; inside, only the weight files a Hugging Face save writes and the
 ``trainer_state/`` spade's update saves are deleted, never other files, never through a link.
 
 Deletion is crash-safe: ``pruned.json`` is first written as an intent (``"state": "deleting"``, the
