@@ -25,17 +25,19 @@ def prune(
 ) -> None:
     """Delete superseded trainer states and served weights a run no longer needs, after an update.
 
-    Keeps the latest trainer state, the latest --keep-ckpts checkpoints, the eval points, and every
-    checkpoint an unfinished update still reads; manifests, update.json and configs stay, so a rerun
-    of the loop resumes. Example: [bold]spade prune runs/demo -i 7 --eval-every 25[/]
+    Keeps the latest trainer state, the latest --keep-ckpts checkpoints, the eval points, every
+    checkpoint an unfinished update still reads or a live server of the run serves; manifests,
+    update.json and configs stay, so a rerun of the loop resumes. Deletes only what spade update
+    wrote inside the run, never through a link, and says what it kept and why. A rerun finishes a
+    killed prune. Example: [bold]spade prune runs/demo -i 7 --eval-every 25[/]
     """
     from stages import prune as stage
 
     result = stage.prune(run_dir, iteration, keep_ckpts=keep_ckpts, keep_state_every=keep_state_every,
                          eval_every=eval_every, dry_run=dry_run)
-    if result["states"] or result["checkpoints"]:
-        console.print(f"[green]pruned[/] {len(result['states'])} trainer states, {len(result['checkpoints'])} "
-                      f"checkpoints ({result['freed_bytes'] / 1e9:.2f} GB)", soft_wrap=True)
+    if result["status"] != "nothing to do":
+        for line in stage.describe(result):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
     finish(result)
 
 
