@@ -36,9 +36,9 @@ def _play(env: dict, seed: int, reply) -> float:
 
 @pytest.mark.unit
 @pytest.mark.parametrize("text, want", [
-    ("rule=backwards level=2", space.Spec("backwards", 2, 3, "corrected")),
+    ("rule=second level=2", space.Spec("second", 2, 3, "corrected")),
     ("feedback: marked, rounds: 5, level: 1, rule: double", space.Spec("double", 1, 5, "marked")),
-    ("Rule=SHOUT level=4 rounds=1", space.Spec("shout", 4, 1, "corrected")),
+    ("Rule=TWICE level=4 rounds=1", space.Spec("twice", 4, 1, "corrected")),
 ])
 def test_specs_parse_in_any_order_and_form(text, want):
     assert space.parse_spec(text) == want
@@ -46,11 +46,11 @@ def test_specs_parse_in_any_order_and_form(text, want):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("text, says", [
-    ("level=2", "no rule="), ("rule=backwards", "no level="), ("rule=juggle level=2", "unknown rule"),
+    ("level=2", "no rule="), ("rule=second", "no level="), ("rule=juggle level=2", "unknown rule"),
     ("rule=double level=6", "level=6 is not an integer from 1 to 5"), ("rule=double level=0", "from 1 to 5"),
     ("rule=double level=2 rounds=9", "rounds=9"), ("rule=double level=2 colour=red", "unknown key 'colour'"),
     ("rule=double level=2 level=3", "level given twice"), ("rule=double level=2 feedback=loud", "feedback"),
-    ("rule=backwards level=3", "held out"),
+    ("rule=second level=3", "held out"),
 ])
 def test_bad_specs_say_what_is_wrong(text, says):
     with pytest.raises(space.SpecError, match=says):
@@ -85,26 +85,26 @@ def test_the_level_sizes_the_material_and_the_cue_hides_the_rule():
         obs = [_env(space.compile_spec(space.Spec(rule, lv), practice=False)["code"]).reset(seed=1)[0]
                for lv in space.LEVELS]
         material = [o.split(": ", 1)[1] for o in obs]
-        assert [len(m) for m in material] == [lv + 2 if space.RULES[rule].kind == "word" else lv
-                                              for lv in space.LEVELS]
+        assert [len(m.split()) if space.RULES[rule].kind == "list" else len(m) for m in material] == [
+            lv + 1 if space.RULES[rule].kind == "list" else lv for lv in space.LEVELS]
         hint = space.RULES[rule].hint.lower()
         assert all(rule.replace("_", " ") not in o.lower() and hint not in o.lower() for o in obs)
 
 
 @pytest.mark.unit
 def test_a_spec_completion_compiles_and_a_bad_one_is_a_failed_design():
-    ok = prompts.parse_completion("<think>hmm</think>Spec: rule=double level=2 rounds=2", "spec")
-    assert ok.error is None and ok.spec == {"rule": "double", "level": 2, "rounds": 2, "feedback": "corrected"}
+    ok = prompts.parse_completion("<think>hmm</think>Spec: rule=double level=1 rounds=2", "spec")
+    assert ok.error is None and ok.spec == {"rule": "double", "level": 1, "rounds": 2, "feedback": "corrected"}
     assert ok.hint == space.RULES["double"].hint and "class Toma" in ok.code
-    assert prompts.parse_completion("Spec: rule=backwards level=3", "spec").error.endswith("held out for evaluation")
+    assert prompts.parse_completion("Spec: rule=second level=3", "spec").error.endswith("held out for evaluation")
     assert prompts.parse_completion("nothing here", "spec").error == "no spec line"
     # the free-form parser is untouched by the spec contract
-    assert prompts.parse_completion("Spec: rule=double level=2").error is not None
+    assert prompts.parse_completion("Spec: rule=double level=1").error is not None
 
 
 @pytest.mark.unit
 def test_a_cell_chosen_again_is_no_duplicate_but_twice_in_one_iteration_is():
-    env = space.compile_spec(space.Spec("double", 2))
+    env = space.compile_spec(space.Spec("double", 1))
     row = Design(title=env["title"], code=env["code"], hint=env["hint"], extra={"spec": env["spec"]})
     other = space.compile_spec(space.Spec("double", 4))
     row2 = Design(title=other["title"], code=other["code"], hint=other["hint"], extra={"spec": other["spec"]})
@@ -113,7 +113,7 @@ def test_a_cell_chosen_again_is_no_duplicate_but_twice_in_one_iteration_is():
     memory = [Memory(env_id=row.env_id, title=row.title, hint=row.hint, first_iteration=0, history=[],
                      extra={"code": row.code})]
     found = duplicates([row, row2, row], memory)
-    assert [f[0] is None for f in found] == [True, True, False]  # level 4 shares level 2's structure
+    assert [f[0] is None for f in found] == [True, True, False]  # level 4 shares level 1's structure
 
 
 @pytest.mark.unit
@@ -122,7 +122,7 @@ def test_the_space_solver_plays_practice_envs_hinted_only():
     policy = solvers.space_policy(env)
     import random
 
-    assert policy(["Zorp: apple"], random.Random(0), 0.0) == space.solve("Zorp: apple", env["spec"]["rule"])
+    assert policy(["No. Zorp: apple river"], random.Random(0), 0.0) == space.solve("Zorp: apple river", env["spec"]["rule"])
     assert solvers.space_policy({"name": "x"}) is None
 
 

@@ -10,9 +10,10 @@
 # Every arm of one seed starts from this checkpoint. Rerunnable: a finished step is "up to date".
 set -euo pipefail
 ROOT="${ROOT:-runs/curriculum}" SEED="${SEED:-0}"
-WARM_EPOCHS="${WARM_EPOCHS:-6}" SOLVER_SEEDS="${SOLVER_SEEDS:-16}" MAX_TURNS="${MAX_TURNS:-6}"
+WARM_EPOCHS="${WARM_EPOCHS:-16}" SOLVER_SEEDS="${SOLVER_SEEDS:-16}" MAX_TURNS="${MAX_TURNS:-6}"
+SIZE="${SIZE:-small}"                 # tiny: the smoke tests' size
 dir="$ROOT/seed$SEED/model"
-spade init-model --out "$dir/init" --size small --seed "$SEED"
+spade init-model --out "$dir/init" --size "$SIZE" --seed "$SEED"
 spade warmstart --model "$dir/init" --out "$dir/warm" --pool space --agent-pool space-practice \
   --contract spec --no-example --memory-k 4 --no-grounding --epochs "$WARM_EPOCHS" --batch-size 4 \
   --learning-rate 2e-3 --solver-seeds "$SOLVER_SEEDS" --agent-max-turns "$MAX_TURNS" --seed "$SEED"

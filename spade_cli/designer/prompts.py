@@ -74,14 +74,15 @@ Title: <a short title>
 ```
 Hint: <the hint>
 """
-# The design space (`--contract spec`, spade_cli/envs/space.py): the Designer picks a cell and two
-# knobs in one line; spade writes the code and the hint.
+# The design space (`--contract spec`, spade_cli/designer/space.py): the Designer picks a cell and
+# two knobs in one line; spade writes the code and the hint.
 SPEC_SYSTEM = """\
 You are the Designer. Choose a training environment for a text agent from a family of short \
-round-based tasks: each round shows a cue word and a word or a number, and the agent must apply the \
-cue's rule to it. The agent gets the rule as a hint only in some episodes.
-Rules: first_letter, last_letter, backwards, shout (capitals), double, plus_one.
-level 1-5: the word's length (3 to 7 letters) or the number's digits (1 to 5). rounds 1-5. \
+round-based tasks: each round shows a cue word and a list of words or a number, and the agent \
+must apply the cue's rule to it. The agent gets the rule as a hint only in some episodes.
+Rules: first, last, second (a word of the list by its place), twice (the word shown twice), \
+double, plus_one.
+level 1-5: the list's length (2 to 6 words) or the number's digits (1 to 5). rounds 1-5. \
 feedback: corrected (a wrong answer is shown the right one) or marked.
 Answer as:
 Spec: rule=<rule> level=<1-5> rounds=<1-5> feedback=<corrected|marked>

@@ -2,28 +2,28 @@
 
 A 13M-parameter model cannot write free-form environments, so the curriculum is tested where it
 can act (docs/curriculum.md). In ``spade design --contract spec`` the Designer answers with one
-line, e.g. ``Spec: rule=backwards level=3 rounds=4 feedback=corrected``, and ``compile_spec`` turns
+line, e.g. ``Spec: rule=second level=4 rounds=4 feedback=corrected``, and ``compile_spec`` turns
 it into the env's code and hint. Everything after design (validate, rollout, regret, memory,
 update) sees an ordinary design row, with the parsed spec kept in the row's ``spec`` field.
 
 The space is ``RULES x LEVELS`` cells, with two knobs that change an episode but not its cell:
 
-- ``rule``: what turns the shown material into the answer (a word's first or last letter, the
-  word backwards or in capitals, a number doubled or plus one). The env shows only a cue word of
-  its own (``Blick: planet``), never the rule: without the hint the Agent must learn what the cue
+- ``rule``: what turns the shown material into the answer (a word of a list by its place, the
+  word shown twice, a number doubled or plus one). The env shows only a cue word of
+  its own (``Blick: river apple``), never the rule: without the hint the Agent must learn what the cue
   asks from the rewards; the hint states the rule;
-- ``level`` 1-5, the difficulty knob with a real range: the word's length (3 to 7 letters) or the
+- ``level`` 1-5, the difficulty knob with a real range: the list's length (2 to 6 words) or the
   number's digit count (1 to 5). Past some level a 13M Agent fails even with the hint;
 - ``rounds`` 1-5: rounds per episode, each paying 1/rounds;
 - ``feedback``: a wrong answer is ``corrected`` (the env shows the right one) or only ``marked``.
 
 One cell per rule is held out (``HELD_OUT``): a spec naming one is a parse error, so no Designer,
-pool or warm start ever trains on it, and ``heldout_envs`` builds the suite from exactly those
+pool or warm start ever trains on it, and ``grid_envs(True)`` builds the suite from exactly those
 cells. ``practice_envs`` are the Agent's warm-start envs: every trainable cell with a cue drawn
 at random each round, so that only the hint says what to do (the warm start teaches reading a
 hint, not the cues).
 
-    env = compile_spec(parse_spec("rule=double level=2"))   # {"name", "title", "code", "hint", "spec"}
+    env = compile_spec(parse_spec("rule=double level=1"))   # {"name", "title", "code", "hint", "spec"}
 """
 
 from __future__ import annotations
@@ -31,20 +31,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-# word material by length (level 1 = 3 letters ... level 5 = 7 letters)
-WORDS = {
-    3: ["ant", "bee", "cat", "dog", "elk", "fox", "hen", "ink", "jam", "key", "log", "map", "net",
-        "owl", "pen", "rug", "sun", "top"],
-    4: ["bark", "cave", "dust", "frog", "gold", "harp", "iris", "jump", "kite", "lamp", "mint",
-        "nest", "oven", "pear", "rock", "sand", "tent", "wolf"],
-    5: ["apple", "brick", "cloud", "dance", "eagle", "flame", "grape", "house", "juice", "knife",
-        "lemon", "music", "ocean", "piano", "river", "stone", "tiger", "wheat"],
-    6: ["anchor", "bridge", "candle", "desert", "engine", "forest", "garden", "hammer", "island",
-        "jacket", "kitten", "ladder", "market", "needle", "orange", "pencil", "rocket", "silver"],
-    7: ["balloon", "cabinet", "dolphin", "emerald", "fiction", "giraffe", "harvest", "iceberg",
-        "journey", "kingdom", "lantern", "mustard", "nucleus", "octopus", "pilgrim", "rainbow",
-        "sparrow", "teacher"],
-}
+# what a list shows: short common words, each one token for the small model's tokenizer
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "candle",
+         "rocket", "garden", "pencil", "forest", "silver", "bridge"]
 LEVELS = (1, 2, 3, 4, 5)
 FEEDBACK = ("corrected", "marked")
 MAX_ROUNDS = 5
@@ -56,23 +45,22 @@ PRACTICE_CUES = ["Zorp", "Mib", "Tove", "Quell", "Vash", "Nork", "Plim", "Drax",
 @dataclass(frozen=True)
 class Rule:
     cue: str      # what the env shows in place of the rule
-    kind: str     # "word" or "number": what the level sizes
-    want: str     # the answer, an expression over ``m`` (the drawn material)
+    kind: str     # "list" (level + 1 words) or "number" (level digits): what the level sizes
+    want: str     # the answer, an expression over ``m`` (the shown material, a string)
     hint: str     # the rule in one sentence
-    exact_case: bool = False
 
 
 RULES = {
-    "first_letter": Rule("Dax", "word", "m[0]", "Reply with the first letter of the word alone."),
-    "last_letter": Rule("Wug", "word", "m[-1]", "Reply with the last letter of the word alone."),
-    "backwards": Rule("Blick", "word", "m[::-1]", "Reply with the word's letters in reverse order."),
-    "shout": Rule("Fep", "word", "m.upper()", "Reply with the word in capital letters.", exact_case=True),
+    "first": Rule("Dax", "list", "m.split()[0]", "Reply with the first word of the list."),
+    "last": Rule("Wug", "list", "m.split()[-1]", "Reply with the last word of the list."),
+    "second": Rule("Blick", "list", "m.split()[1]", "Reply with the second word of the list."),
+    "twice": Rule("Fep", "list", "max(m.split(), key=m.split().count)",
+                  "Reply with the word that appears twice in the list."),
     "double": Rule("Toma", "number", "str(2 * int(m))", "Reply with twice the number, in digits."),
     "plus_one": Rule("Kiki", "number", "str(int(m) + 1)", "Reply with the number plus one, in digits."),
 }
-# one cell per rule, at levels spread over the range: the held-out suite (never trained)
-HELD_OUT = {("first_letter", 4), ("last_letter", 2), ("backwards", 3), ("shout", 5), ("double", 3),
-            ("plus_one", 4)}
+# one cell per rule, in the middle of its range: the held-out suite (never trained)
+HELD_OUT = {("first", 4), ("last", 2), ("second", 3), ("twice", 2), ("double", 2), ("plus_one", 2)}
 
 
 @dataclass(frozen=True)
@@ -134,19 +122,28 @@ def _int(pairs: dict, key: str, lo: int, hi: int) -> int:
 
 
 def material(rule: Rule, level: int) -> str:
-    """The module-level constant the env draws from: a word list or a number range."""
-    if rule.kind == "word":
-        return f"MATERIAL = {WORDS[level + 2]!r}"
+    """The module-level constants the env draws from: the word list and its length, or a number range."""
+    if rule.kind == "list":
+        return f"MATERIAL = {WORDS!r}\nN = {level + 1}"
     return f"MATERIAL = ({10 ** (level - 1) if level > 1 else 1}, {10 ** level})"
+
+
+_DRAW = {
+    "list": "' '.join(str(w) for w in self.np_random.choice(MATERIAL, size=N, replace=False))",
+    # N - 1 distinct words, one of them shown a second time at a random place
+    "twice": ("[str(w) for w in self.np_random.choice(MATERIAL, size=N - 1, replace=False)]\n"
+              "        words.insert(int(self.np_random.integers(0, N)), "
+              "words[int(self.np_random.integers(0, N - 1))])\n"
+              "        self.m = ' '.join(words)"),
+    "number": "str(int(self.np_random.integers(*MATERIAL)))",
+}
 
 
 def _code(spec: Spec, practice: bool) -> str:
     rule = RULES[spec.rule]
-    draw = ("str(self.np_random.choice(MATERIAL))" if rule.kind == "word"
-            else "str(int(self.np_random.integers(*MATERIAL)))")
+    draw = f"words = {_DRAW['twice']}" if spec.rule == "twice" else f"self.m = {_DRAW[rule.kind]}"
     cue = "str(self.np_random.choice(CUES))" if practice else repr(rule.cue)
     cues = f"\nCUES = {PRACTICE_CUES!r}" if practice else ""
-    cmp = "action.strip()" if rule.exact_case else "action.strip().lower()"
     note = 'f"No, it is {want}."' if spec.feedback == "corrected" else '"No."'
     cls = "Practice" if practice else rule.cue
     return f'''import gymnasium as gym
@@ -162,13 +159,13 @@ class {cls}(gym.Env):
         return f"{{self.cue}}: {{self.m}}", {{}}
 
     def draw(self):
-        self.m = {draw}
+        {draw}
         self.cue = {cue}
 
     def step(self, action):
         m = self.m
         want = {rule.want}
-        ok = {cmp} == want
+        ok = action.strip().lower() == want
         note = "Yes." if ok else {note}
         self.t += 1
         self.draw()
@@ -179,7 +176,7 @@ class {cls}(gym.Env):
 def compile_spec(spec: Spec, *, practice: bool = False) -> dict:
     """The env of a spec: ``{name, title, code, hint, spec}`` (``spec`` a plain dict)."""
     rule = RULES[spec.rule]
-    size = f"{spec.level + 2} letters" if rule.kind == "word" else f"{spec.level} digits"
+    size = f"{spec.level + 1} words" if rule.kind == "list" else f"{spec.level} digits"
     name = f"{'practice_' if practice else ''}{spec.rule}_{spec.level}"
     title = f"{rule.cue}: {spec.rule} of {size}, {spec.rounds} rounds, {spec.feedback}"
     return {"name": name, "title": title, "code": _code(spec, practice), "hint": rule.hint,
@@ -208,13 +205,11 @@ def practice_envs() -> list[dict]:
 
 def solve(observation: str, rule: str) -> str | None:
     """The right reply to the latest ``Cue: material`` in an observation, or None."""
-    found = re.findall(r"[A-Z][a-z]+: ([A-Za-z0-9]+)\s*$", observation.strip())
-    if not found:
-        return None
-    return ANSWERS[rule](found[-1])
+    found = re.search(r"[A-Z][a-z]+: ([a-z0-9 ]+)$", observation.strip())
+    return ANSWERS[rule](found.group(1)) if found else None
 
 
 # the rules again as Python, for the scripted solver; tests/test_space.py plays every env with it
-ANSWERS = {"first_letter": lambda m: m[0], "last_letter": lambda m: m[-1], "backwards": lambda m: m[::-1],
-           "shout": lambda m: m.upper(), "double": lambda m: str(2 * int(m)),
+ANSWERS = {"first": lambda m: m.split()[0], "last": lambda m: m.split()[-1], "second": lambda m: m.split()[1],
+           "twice": lambda m: max(m.split(), key=m.split().count), "double": lambda m: str(2 * int(m)),
            "plus_one": lambda m: str(int(m) + 1)}
