@@ -108,6 +108,8 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
                             doc_id=(rec.doc or {}).get("id"), first_iteration=iteration))
         row["code"] = rec.code
         row["ast_hash"] = rec.stats.get("ast_hash")  # validate compares new designs to it
+        if curriculum.spec_of(rec):  # replay and the report read a spec design's level from here
+            row["spec"] = curriculum.spec_of(rec)
         base.append(row)
         by_id[env_id] = row
     for env_id, s in played.items():
