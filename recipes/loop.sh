@@ -147,12 +147,14 @@ design_flags_for() {  # DESIGNER: a fixed pool (baselines) or the Designer, grou
   # the memory of this iteration: absent in iteration 0, and never changed once written
   [[ "$MEMORY" != 1 || ! -f "$memory" ]] || design_flags+=(--memory "$memory")
 }
-envs_of() {  # I: the --envs of iteration I (a repeated flag: typer takes one value per --envs)
-  envs=(--envs "$validated")
-  (($1 == 0)) || [[ ! -f "$prev_replay" ]] || envs+=(--envs "$prev_replay")
+envs_of() {  # I: what iteration I plays (rollout's --envs; a repeated flag: typer takes one value
+  # per --envs) and the --played of its regret: the replays and the fixed set are played and trained
+  # on, never scored as designs (docs/regret.md, "Played envs")
+  envs=(--envs "$validated") played=()
+  if (($1 > 0)) && [[ -f "$prev_replay" ]]; then envs+=(--envs "$prev_replay") played+=(--played "$prev_replay"); fi
   # a fixed set mixed into every iteration (the quickstart's starter envs); an env that is also a
-  # design or a replay is played once, and regret scores it like any other
-  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra"); done
+  # design or a replay is played once
+  for extra in $EXTRA_ENVS; do envs+=(--envs "$extra") played+=(--played "$extra"); done
 }
 design_and_validate() {  # I DESIGNER: iteration I's designs (with ENGINE=serve, DESIGNER loaded first) and their verdicts
   design_flags_for "$2"
@@ -258,7 +260,8 @@ for ((i = 0; i < ITERS; i++)); do
   [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
   ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086
-  stage "$SPADE" regret "${envs[@]}" --rollouts "$rollouts" --out "$scores" "${regret_flags[@]}" $REGRET_ARGS
+  stage "$SPADE" regret --envs "$validated" "${played[@]}" --rollouts "$rollouts" --out "$scores" \
+    "${regret_flags[@]}" $REGRET_ARGS
 
   update_flags=()
   [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)

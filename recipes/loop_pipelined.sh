@@ -139,7 +139,8 @@ generate() {  # generate J SAMPLER: design, validate, rollout and regret of iter
   [[ -f "$memory" ]] && regret_flags+=(--memory "$memory")
   ((REPLAY > 0)) && regret_flags+=(--replay "$REPLAY" --replay-out "$replay")
   # shellcheck disable=SC2086
-  stage "$SPADE" regret "${envs[@]}" --rollouts "$rollouts" --out "$scores" "${regret_flags[@]}" $REGRET_ARGS
+  stage "$SPADE" regret --envs "$validated" "${played[@]}" --rollouts "$rollouts" --out "$scores" \
+    "${regret_flags[@]}" $REGRET_ARGS
 }
 ckpt_of() {  # the checkpoint iteration $1 trains from (MODEL for 0)
   if (($1 == 0)); then echo "$MODEL"; else "$SPADE" paths "$RUN" --iteration "$1" --key ckpt; fi

@@ -43,19 +43,20 @@ from spade_cli.core.records import (
 TOP = 10  # rows of a "most/top" list in the summary
 
 
+def quantile(vals: list[float], p: float) -> float:
+    """The p-quantile of sorted, non-empty ``vals``, interpolated linearly (numpy's default)."""
+    k = (len(vals) - 1) * p
+    lo, hi = int(k), min(int(k) + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
+
+
 def describe(values: Iterable[float | None]) -> dict | None:
     """n, mean, min, quartiles and max of a list of numbers (None when empty)."""
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return None
-
-    def q(p: float) -> float:
-        k = (len(vals) - 1) * p
-        lo, hi = int(k), min(int(k) + 1, len(vals) - 1)
-        return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
-
-    return {"n": len(vals), "mean": sum(vals) / len(vals), "min": vals[0], "p25": q(0.25),
-            "median": q(0.5), "p75": q(0.75), "max": vals[-1]}
+    return {"n": len(vals), "mean": sum(vals) / len(vals), "min": vals[0], "p25": quantile(vals, 0.25),
+            "median": quantile(vals, 0.5), "p75": quantile(vals, 0.75), "max": vals[-1]}
 
 
 # -- --where ---------------------------------------------------------------------------------------

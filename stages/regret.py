@@ -1,21 +1,28 @@
 """Stage `regret`: rollouts -> the Designer's reward per environment, the memory, replay, diversity.
 
-Inputs: the iteration's ``validated.jsonl`` (every design with its verdict), its rollouts (one file,
-several, or a glob of shards) and optionally ``--memory``, the memory as of this iteration. Outputs:
+Inputs: the iteration's ``validated.jsonl`` (``--envs``: every design with its verdict), its
+rollouts (one file, several, or a glob of shards), optionally ``--played`` (envs the rollout played
+beside the designs: the replay file, a fixed set such as the quickstart's starter envs) and
+``--memory``, the memory as of this iteration. Only the iteration's own designs are scored: a
+played env gets no score row and counts in no mean, no Vendi score and no Designer reward; a past
+design among them (an env already in memory) gets its history entry, so the memory shows how the
+Agent does on it over time; any other played env never enters the memory. A row of ``--envs`` that
+carries a replay mark, or that belongs to another iteration, is no design either: the first is
+taken as played, the second refused (a fixed set passed there by hand is named). Outputs:
 
-- ``scores.jsonl``: one ``spade.score/1`` row per input validation row, in input order, so the
+- ``scores.jsonl``: one ``spade.score/1`` row per design, in input order, so the
   Designer's GRPO groups stay complete. Invalid designs (parse failures included) get
   ``invalid_reward``. A valid env whose rollouts cannot define the signal (none at all, or one side
   missing) gets 0.0, the neutral reward, and ``note`` says why; the run warns about it.
 - ``--memory-out``: the memory after this iteration, a new file (docs/architecture.md, 'Write-once files, manifests and resumption'). Every valid env of
-  this iteration with rollouts, and every replayed env found in the rollouts, gets its history
+  this iteration with rollouts, and every played env already in the memory, gets its history
   entry for this iteration; an entry for this iteration already in the input is replaced, not
   doubled. Memory rows also store the env's ``code`` (an extra field) so that replay can hand it to
   the next rollout.
 - ``--replay-out`` (with ``--replay K``): the K most promising envs of the merged memory, as
   ``spade.validation/1`` rows for the next iteration (see ``curriculum.replay_priorities``).
 - Diversity (Vendi score and Vendi/n over all of the iteration's designs, invalid and duplicate
-  ones included) in the summary line and the manifest, with the embedding that ran.
+  ones included, played envs left out) in the summary line and the manifest, with the embedding that ran.
 
 ``--before-rollouts`` (ema_lp only): the previous checkpoint's rollouts of the same envs on the same
 seeds; their unhinted success opens the history of an env played for the first time, so its
@@ -35,8 +42,8 @@ once when identical and refused when not. Formulas and design choices: docs/regr
 
 Example::
 
-    spade regret --envs it3/validated.jsonl --rollouts 'it3/rollouts*.jsonl' --out it3/scores.jsonl \\
-        --memory run/memory/iter_0003.jsonl --memory-out run/memory/iter_0004.jsonl \\
+    spade regret --envs it3/validated.jsonl --played it2/replay.jsonl --rollouts 'it3/rollouts*.jsonl' \\
+        --out it3/scores.jsonl --memory run/memory/iter_0003.jsonl --memory-out run/memory/iter_0004.jsonl \\
         --replay 4 --replay-out it3/replay.jsonl
 """
 
@@ -101,6 +108,8 @@ def merge_memory(rows: list[dict], iteration: int, played: dict[str, dict], new_
                             doc_id=(rec.doc or {}).get("id"), first_iteration=iteration))
         row["code"] = rec.code
         row["ast_hash"] = rec.stats.get("ast_hash")  # validate compares new designs to it
+        if curriculum.spec_of(rec):  # replay and the report read a spec design's level from here
+            row["spec"] = curriculum.spec_of(rec)
         base.append(row)
         by_id[env_id] = row
     for env_id, s in played.items():
@@ -141,11 +150,32 @@ def _seed_audit(valid: dict[str, Validation], per_env: dict[str, dict], k: int, 
 
 
 # -- the stage -------------------------------------------------------------------------------------
-def _iteration_of(envs: list[Validation], given: int | None) -> int:
-    seen = {r.iteration for r in envs}
-    if given is None and len(seen) > 1:
-        raise SpadeError(f"--envs rows come from iterations {sorted(seen)}; pass --iteration")
-    return given if given is not None else (seen.pop() if seen else 0)
+def split_envs(env_paths: list[Path], played_paths: list[Path], given: int | None,
+               ) -> tuple[list[Validation], dict[str, Validation], int]:
+    """The iteration's designs (rows of ``--envs``), the valid envs only played beside them (rows of
+    ``--played``, and rows of ``--envs`` with a replay mark) and the iteration number.
+
+    Every design must belong to the iteration (``given``, else its first design's): a fixed set or
+    an old validated file given as ``--envs`` is refused at its first row, since scoring it would
+    put envs the Designer never wrote into its reward, memory and Vendi score."""
+    designs, played = [], {}
+    it = given
+    for path, line, rec in read_rows(env_paths, expect="spade.validation"):
+        assert isinstance(rec, Validation)
+        if "replay" in rec.extra:  # written by --replay-out: a past design, whichever flag brings it
+            if rec.valid:
+                played.setdefault(rec.env_id, rec)
+            continue
+        it = rec.iteration if it is None else it
+        if rec.iteration != it:
+            raise InputError(path, line, f"env {rec.env_id} is of iteration {rec.iteration}, but --envs holds "
+                             f"the designs of iteration {it}: pass a fixed or past env set with --played")
+        designs.append(rec)
+    for _, _, rec in read_rows(played_paths, expect="spade.validation"):
+        assert isinstance(rec, Validation)
+        if rec.valid:  # rollout plays only valid envs
+            played.setdefault(rec.env_id, rec)
+    return designs, played, 0 if it is None else it
 
 
 def shuffle_earned(rows: list[dict], iteration: int) -> None:
@@ -163,7 +193,7 @@ def shuffle_earned(rows: list[dict], iteration: int) -> None:
 
 
 def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
-        memory: str | Path | None = None, memory_out: str | Path | None = None, signal: str = "regret",
+        played: str | Path | list | None = None, memory: str | Path | None = None, memory_out: str | Path | None = None, signal: str = "regret",
         clip_negative: bool = False, invalid_reward: float = -1.0,
         iteration: int | None = None, success_threshold: float = 0.5, replay: int = 0,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
@@ -182,6 +212,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     mem_out = Path(memory_out) if memory_out else None
     replay_path = Path(replay_out) if replay and replay_out else None
     env_paths, roll_paths = expand_inputs(envs), expand_inputs(rollouts)
+    played_paths = expand_inputs(played) if played else []
     before_paths = expand_inputs(before_rollouts) if before_rollouts else []
     if before_paths and signal != "ema_lp":
         raise SpadeError("--before-rollouts feeds the ema_lp signal; pass --signal ema_lp")
@@ -190,21 +221,21 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         raise InputError(mem_path, None, "no such memory file (omit --memory when there is none yet)")
     mem = [mem_path] if mem_path else []
     # every output checked before the scan: a typo in --out must not cost a pass over the rollouts
-    ins = [*env_paths, *roll_paths, *before_paths, *mem]
+    ins = [*env_paths, *played_paths, *roll_paths, *before_paths, *mem]
     check_output(out, ins)
     if mem_out:  # write-once: the memory after this iteration is a new file, never the input
         check_output(mem_out, [*ins, out], flag="--memory-out")
     if replay_path:
         check_output(replay_path, [*ins, out, *([mem_out] if mem_out else [])], flag="--replay-out")
-    designs = [rec for _, _, rec in read_rows(env_paths, expect="spade.validation")]
-    it = _iteration_of(designs, iteration)
+    designs, also, it = split_envs(env_paths, played_paths, iteration)
     mem_rows = load_memory(mem_path)
     valid = {r.env_id: r for r in designs if r.valid}
-    known = set(valid) | {r["env_id"] for r in mem_rows}
+    in_memory = {r["env_id"] for r in mem_rows}
+    known = set(valid) | set(also) | in_memory
     t_read = time.time()
     warnings: list[str] = []
     per_env, roll_fps = scan_rollouts(roll_paths, known, warnings=warnings)
-    before, before_fps = scan_rollouts(before_paths, set(valid), warnings=warnings) if before_paths else ({}, [])
+    before, before_fps = scan_rollouts(before_paths, known, warnings=warnings) if before_paths else ({}, [])
     t_scan = time.time()
 
     config = {"signal": signal, "clip_negative": clip_negative, "invalid_reward": invalid_reward,
@@ -218,6 +249,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "max_error_rate": max_error_rate, **({"shuffle_rewards": True} if shuffle_rewards else {})}
     stage = Stage(STAGE, out, config, force=force, started=t0)
     stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
+    if played_paths:
+        stage.inputs["played"] = [fingerprint(p) for p in played_paths]
     if before_fps:
         stage.inputs["before_rollouts"] = before_fps
     if mem_path:
@@ -232,12 +265,15 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
 
     stats = {e: curriculum.env_stats(per_env.get(e), success_threshold) for e in valid}
     played = {e: s for e, s in stats.items() if s["hinted_n"] or s["unhinted_n"]}
-    replayed = {e: curriculum.env_stats(st, success_threshold) for e, st in per_env.items()
-                if e not in valid}
+    # envs played beside the designs: measured, never scored; a past design among them (in memory)
+    # gets this iteration's history entry
+    others = {e: curriculum.env_stats(st, success_threshold) for e, st in per_env.items() if e not in valid}
+    replayed = {e: s for e, s in others.items() if e in in_memory}
     # the failed-episode rule: an env that breaks under play in too many episodes is invalid (and
     # gets no seed audit: its reward is already the invalid one)
-    broken = {e: a for e, s in {**stats, **replayed}.items()
+    broken = {e: a for e, s in {**stats, **others}.items()
               if (a := curriculum.rollout_error_audit(s, max_error_rate)) is not None}
+    broken_played = sorted(e for e in broken if e not in valid)
     t_audit = time.time()
     audited = _seed_audit({e: v for e, v in valid.items() if e not in broken}, per_env, audit_seeds,
                           seed_key(map(seed_material, designs))) if audit else {}
@@ -259,7 +295,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     # of an env played for the first time (docs/regret.md): it scores the progress of the Agent's
     # last update on it
     prior = {e: p for e, st in before.items()
-             if (p := curriculum.env_stats(st, success_threshold)["unhinted_success"]) is not None}
+             if e in valid and (p := curriculum.env_stats(st, success_threshold)["unhinted_success"]) is not None}
 
     rows = []
     for rec in designs:
@@ -295,8 +331,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     if shuffle_rewards:
         shuffle_earned(rows, it)
     # every design of the iteration, invalid ones and duplicates included: collapse must show
-    texts = [diversity.design_parts(r.title, r.code, r.hint, r.completion) for r in designs
-             if "replay" not in r.extra]
+    texts = [diversity.design_parts(r.title, r.code, r.hint, r.completion) for r in designs]
     div = diversity.diversity(texts, embedding)
 
     done = stage.resume()
@@ -324,21 +359,23 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                "signal": signal, "valid": len(valid), "invalid": len(designs) - sum(r.valid for r in designs),
                "no_rollouts": sum(1 for r in rows if r["note"] and "rollouts" in r["note"]),
                "episodes": sum(len(v) for st in per_env.values() for k in ("h", "u") for v in st[k].values()),
-               "replayed_played": len(replayed), "before_envs": len(prior) if before_paths else None,
+               "played_envs": len(others), "replayed_played": len(replayed), "before_envs": len(prior) if before_paths else None,
                "designer_reward_mean": curriculum.mean(rewards), "regret_mean": curriculum.mean(regrets),
                "memory_envs": len(merged) if mem_out else None, "replay": len(picked),
                "vendi": div["vendi"], "vendi_per_n": div["vendi_per_n"], "embedding": div["embedding"],
                "resumed_rows": len(done),
                "episodes_failed": sum(st["h_err"] + st["u_err"] for st in per_env.values()),
-               "envs_rollout_errors": len(broken),
+               "envs_rollout_errors": len(broken) - len(broken_played),
+               "played_rollout_errors": len(broken_played),
                "audited": len(audited) - len(broken),
-               "flagged": {f: sum(f in fl for fl in flags.values())
+               "flagged": {f: sum(f in fl for e, fl in flags.items() if e in valid)
                            for f in ("seed_invariant", "format_only", "rollout_errors")},
                "warnings": warnings}
     stage.warnings.extend(warnings)
     stage.timings.update({"read_s": round(t_read - t0, 3), "scan_s": round(t_scan - t_read, 3),
                           "audit_s": round(t_audit, 3)})
-    stage.extra.update({"diversity": div, "side_outputs": side})
+    # played envs that broke under play: no score row carries their flag (docs/regret.md)
+    stage.extra.update({"diversity": div, "side_outputs": side, "played_rollout_errors": broken_played})
     summary["seconds"] = round(time.time() - t0, 3)
     stage.commit(len(rows), summary)
     return summary

@@ -17,13 +17,17 @@ and leaves the rest empty, so a run that is still going (or died) reports what i
   defensively).
 - ``eval/iter_{i}.jsonl``: the evaluation of the checkpoint iteration i played with; one column
   ``eval:<task>/<metric>`` per row. An eval of the final checkpoint gets a row of its own.
+- The curriculum diagnostics (``stages.report_curriculum``): the share of valid designs too easy,
+  learnable, too hard or without signal, regret quantiles and the share whose interval lies above
+  0, and for structured-spec designs the chosen difficulty levels against the Agent's frontier.
 
 Only finished artifacts count: a stage's ``.partial-*`` file is ignored until its manifest is
 written. Per-iteration figures are cached in ``report/.cache/`` keyed by the size and mtime of
 the files they came from, so reporting a 400-iteration run again reads only what changed.
 
 Output, in ``RUN_DIR/report/``: ``iterations.csv``, ``iterations.jsonl`` and PNG plots
-(returns, validity, diversity, update, eval), each written only when it has data.
+(returns, validity, diversity, update, eval, labels, regret, frontier), each written only when it
+has data.
 
     spade report runs/demo
 """
@@ -42,8 +46,10 @@ from typing import Any
 from spade_cli.core.artifacts import atomic_write_text, manifest_path, read_rows
 from spade_cli.core.layout import RunLayout
 from spade_cli.core.records import Design, Eval, Rollout, Score, Validation
+from spade_cli.designer.curriculum import level_of
+from stages import report_curriculum
 
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 
 
 def _mean(values: list[float]) -> float | None:
@@ -62,14 +68,17 @@ def _designs(path: Path) -> dict:
 def _validated(path: Path) -> dict:
     n = valid = 0
     reasons: Counter[str] = Counter()
+    levels = []
     for _, _, rec in read_rows(path, expect="spade.validation"):
         assert isinstance(rec, Validation)
         n += 1
         valid += rec.valid
         if not rec.valid:
             reasons[rec.reason or "unknown"] += 1
+        elif (level := level_of(rec)) is not None:
+            levels.append(level)
     return {"validated": n, "valid": valid, "valid_rate": valid / n if n else None,
-            "invalid_reasons": dict(reasons.most_common())}
+            "invalid_reasons": dict(reasons.most_common()), **report_curriculum.chosen_levels(levels)}
 
 
 def _agent_tokens(tokens: dict | None) -> int | None:
@@ -83,12 +92,17 @@ def _agent_tokens(tokens: dict | None) -> int | None:
 
 def _rollouts(paths: list[Path]) -> dict:
     sums = {True: [0.0, 0], False: [0.0, 0]}
+    unhinted: dict[str, list] = {}  # per env [sum, n]: the frontier's unhinted mean per level
     errors: Counter[str] = Counter()
     agent_tokens, counted = 0, 0
     for _, _, rec in read_rows(paths, expect="spade.rollout"):  # streamed: one row in memory
         assert isinstance(rec, Rollout)
         sums[rec.hinted][0] += rec.return_
         sums[rec.hinted][1] += 1
+        if not rec.hinted:
+            acc = unhinted.setdefault(rec.env_id, [0.0, 0])
+            acc[0] += rec.return_
+            acc[1] += 1
         if rec.error:
             errors[rec.error] += 1
         n_tokens = _agent_tokens(rec.tokens)
@@ -100,7 +114,7 @@ def _rollouts(paths: list[Path]) -> dict:
     return {"episodes": episodes, "hinted_mean": side[True], "unhinted_mean": side[False],
             "episode_errors": dict(errors.most_common()),
             # the Agent's side of the budget; unknown (None) when an episode carries no token ids
-            "agent_tokens": agent_tokens if counted == episodes else None}
+            "agent_tokens": agent_tokens if counted == episodes else None, "_unhinted_by_env": unhinted}
 
 
 TOP_ENVS = 5  # per iteration, in top_regret.csv
@@ -109,8 +123,10 @@ TOP_ENVS = 5  # per iteration, in top_regret.csv
 def _scores(path: Path) -> dict:
     regrets, rewards, top = [], [], []
     flagged: Counter[str] = Counter()
+    designs = report_curriculum.DesignScores()
     for _, _, rec in read_rows(path, expect="spade.score"):
         assert isinstance(rec, Score)
+        designs.add(rec)
         if rec.regret is not None:
             regrets.append(rec.regret)
             top.append({"env_id": rec.env_id, "regret": rec.regret, "designer_reward": rec.designer_reward,
@@ -120,7 +136,7 @@ def _scores(path: Path) -> dict:
     top.sort(key=lambda r: (-r["regret"], r["env_id"]))
     out: dict[str, Any] = {"scored_envs": len(rewards), "regret_mean": _mean(regrets),
                            "designer_reward_mean": _mean(rewards), "flagged": dict(flagged.most_common()),
-                           "top_regret": top[:TOP_ENVS]}
+                           "top_regret": top[:TOP_ENVS], **designs.result()}
     mpath = manifest_path(path)
     if mpath.exists():
         try:
@@ -188,6 +204,9 @@ def iteration_row(layout: RunLayout, i: int, cache_dir: Path | None = None) -> d
     """Every figure of iteration ``i`` that its finished artifacts give, as a flat dict."""
     # Only finished outputs exist under these names; a stage's .partial-* file has another one.
     sources = {k: [p for p in v if p.exists()] for k, v in _sources(layout, i).items()}
+    # the env files the iteration played, for the levels of its envs (a fixed set may live outside the run)
+    envs = report_curriculum.env_files(layout, i, sources["rollouts"])
+    sources["envs"] = envs
     key = {"version": CACHE_VERSION, "stamp": _stamp([p for v in sources.values() for p in v])}
     cache = cache_dir / f"iter_{i:04d}.json" if cache_dir else None
     if cache and cache.exists():
@@ -200,9 +219,9 @@ def iteration_row(layout: RunLayout, i: int, cache_dir: Path | None = None) -> d
     row: dict[str, Any] = {"iteration": i}
     readers = {"designs": _designs, "validated": _validated, "scores": _scores, "update": _update, "eval": _eval}
     for name, files in sources.items():
-        if not files:
-            continue
-        row.update(_rollouts(files) if name == "rollouts" else readers[name](files[0]))
+        if files and name != "envs":
+            row.update(_rollouts(files) if name == "rollouts" else readers[name](files[0]))
+    row.update(report_curriculum.frontier(row.pop("_unhinted_by_env", {}), envs))
     if cache:
         atomic_write_text(cache, json.dumps({"key": key, "row": row}) + "\n")
     return row
@@ -272,7 +291,7 @@ def columns_of(rows: list[dict]) -> list[str]:
     """Fixed columns first (in pipeline order), then update and eval columns as they appear."""
     fixed = ["iteration", "designs", "parse_errors", "validated", "valid", "valid_rate", "invalid_reasons",
              "episodes", "agent_tokens", "unhinted_mean", "hinted_mean", "episode_errors", "scored_envs", "regret_mean",
-             "designer_reward_mean", "flagged", "vendi", "vendi_per_n"]
+             "designer_reward_mean", "flagged", "vendi", "vendi_per_n", *report_curriculum.COLUMNS]
     seen = {k for row in rows for k in row}
     rest = sorted(k for k in seen if k not in fixed)
     return [c for c in fixed if c in seen or c == "iteration"] + [c for c in rest if c.startswith("update.")] + \
@@ -368,4 +387,4 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
         fig.suptitle(name)
         written.append(_save(fig, out_dir / f"{name}.png"))
         plt.close(fig)
-    return written
+    return written + report_curriculum.write_plots(rows, out_dir, plt, _save)

@@ -106,6 +106,21 @@ def test_memory_uses_the_latest_history_entry():
     assert "[too easy] X (iteration 4)" in prompts.memory_summary([m])
 
 
+@pytest.mark.unit
+def test_memory_shows_the_progress_of_an_env_measured_again():
+    """A replayed env's line shows its first unhinted mean beside the latest; one measured once does not."""
+    again = Memory(env_id="x", title="X", hint="h", history=[
+        {"iteration": 1, "unhinted_mean": None, "hinted_mean": 0.5, "regret": None},
+        {"iteration": 2, "unhinted_mean": 0.1, "hinted_mean": 0.9, "regret": 0.8},
+        {"iteration": 5, "unhinted_mean": 0.6, "hinted_mean": 0.9, "regret": 0.3}])
+    once = Memory(env_id="y", title="Y", hint="h", history=[
+        {"iteration": 5, "unhinted_mean": 0.3, "hinted_mean": 0.9, "regret": 0.6}])
+    lines = prompts.memory_summary([again, once]).splitlines()
+    assert lines[1] == ("- [learnable] Y (iteration 5): unhinted 0.30, hinted 0.90, regret 0.60. Hint was: h")
+    assert lines[2] == ("- [learnable] X (iteration 5): unhinted 0.60 (from 0.10 at iteration 2), hinted 0.90, "
+                        "regret 0.30. Hint was: h")
+
+
 # -- corpus --------------------------------------------------------------------------------------
 
 @pytest.mark.unit

@@ -154,6 +154,19 @@ def test_replay_ranking() -> None:
     assert curriculum.select_replay([{**memory[1], "code": None}], 5, 3, set(), 0.1, 0.1) == []
 
 
+def test_a_spec_design_keeps_its_spec_in_memory_and_replay() -> None:
+    spec = {"rule": "reverse", "level": 3}
+    env = Validation(code="class E: pass", hint="h", title="T", valid=True, iteration=1, extra={"spec": spec})
+    plain = Validation(code="class F: pass", hint="h", title="F", valid=True, iteration=1)
+    merged = stage.merge_memory([], 1, {e.env_id: _stats(0.5, 0.0) for e in (env, plain)},
+                                {e.env_id: e for e in (env, plain)})
+    assert [r.get("spec") for r in merged] == [spec, None]
+    picked = {r["env_id"]: r for r in curriculum.select_replay(merged, 1, 2, set(), 0.1, 0.1)}
+    assert picked[env.env_id]["spec"] == spec and "spec" not in picked[plain.env_id]
+    assert [curriculum.level_of(r) for r in (picked[env.env_id], picked[plain.env_id], {"spec": {"level": True}})] \
+        == [3, None, None]
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["msgspec-if-installed", "json"])
 def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> None:
     from spade_cli.core.artifacts import fingerprint

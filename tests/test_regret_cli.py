@@ -121,16 +121,19 @@ def test_the_memory_is_write_once(it0: dict) -> None:
     d = it0["dir"]
     assert _regret(it0).returncode == 0
     before = (d / "memory.jsonl").read_bytes()
+    # iteration 1 plays Alpha again, as a replay
+    replay = _write(d / "replay.jsonl", [{**it0["alpha"], "iteration": 1, "replay": {"priority": 1.0}}])
     args = {"memory": ("--memory", "memory.jsonl", "--memory-out", "memory1.jsonl"), "out": "scores1.jsonl"}
-    res = _regret(it0, "--iteration", "1", **args)
+    it0 = {**it0, "envs": _write(d / "validated1.jsonl", [])}
+    res = _regret(it0, "--iteration", "1", "--played", replay, **args)
     assert res.returncode == 0, res.stderr
     assert (d / "memory.jsonl").read_bytes() == before
     (mem,) = _rows(d / "memory1.jsonl")
     assert [h["iteration"] for h in mem["history"]] == [0, 1]
-    again = _regret(it0, "--iteration", "1", **args)
+    again = _regret(it0, "--iteration", "1", "--played", replay, **args)
     assert again.returncode == 0 and json.loads(again.stdout)["status"] == "up to date"
     # the input memory and the output memory are never one file
-    res = _regret(it0, "--iteration", "1", memory=("--memory", "memory.jsonl", "--memory-out", "memory.jsonl"),
+    res = _regret(it0, "--iteration", "1", "--played", replay, memory=("--memory", "memory.jsonl", "--memory-out", "memory.jsonl"),
                   out="scores2.jsonl")
     assert res.returncode == 2 and "--memory-out" in res.stderr and (d / "memory.jsonl").read_bytes() == before
 
@@ -299,3 +302,55 @@ def test_embedding_auto_runs_minilm_and_says_so(tmp_path: Path) -> None:
     assert json.loads(res.stdout)["embedding"] == "minilm"
     manifest = json.loads((tmp_path / "scores.jsonl.manifest.json").read_text())
     assert manifest["diversity"]["embedding"] == "minilm" and manifest["config"]["embedding"] == "auto"
+
+
+def test_played_envs_are_never_scored_as_designs(tmp_path: Path) -> None:
+    """Iteration 1 plays its designs (New, and Bad, invalid), a replay of a past design (Old) and a
+    fixed extra set (Starter). Only the designs get score rows, count in the means and the Vendi
+    score; Old's memory history grows; Starter never enters the memory."""
+    from spade_cli.checks import diversity
+
+    old, starter = _env("Old"), _env("Starter")
+    new, bad = _env("New", iteration=1), _env("Bad", False, "syntax_error", iteration=1)
+    _write(tmp_path / "memory1.jsonl", [{
+        "schema": "spade.memory/1", "env_id": old["env_id"], "title": "Old", "hint": old["hint"], "first_iteration": 0,
+        "code": old["code"], "history": [{"iteration": 0, "unhinted_mean": 0.0, "hinted_mean": 1.0, "regret": 1.0}]}])
+    envs = _write(tmp_path / "validated.jsonl", [new, bad])
+    replay = _write(tmp_path / "replay.jsonl", [{**old, "iteration": 1, "replay": {"priority": 1.0}}])
+    extras = _write(tmp_path / "extras.jsonl", [starter])
+    # New: regret 1 - 0.25 = 0.75; Old: 1 - 0.75 = 0.25; Starter: 1 - 0 = 1.0
+    unhinted = {new["env_id"]: (0.0, 0.5), old["env_id"]: (0.5, 1.0), starter["env_id"]: (0.0, 0.0)}
+    eps = [_episode(e, h, p, 1.0 if h else u[p], 1) for e, u in unhinted.items() for h in (True, False) for p in (0, 1)]
+    _write(tmp_path / "rollouts.jsonl", eps)
+    fx = {"dir": tmp_path, "envs": envs, "rollouts": str(tmp_path / "rollouts.jsonl")}
+    mem = ("--memory", "memory1.jsonl", "--memory-out", "memory2.jsonl")
+    res = _regret(fx, "--played", replay, "--played", extras, "--no-seed-audit", memory=mem)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    rows = _rows(tmp_path / "scores.jsonl")
+    assert [r["env_id"] for r in rows] == [new["env_id"], bad["env_id"]]
+    assert summary["regret_mean"] == pytest.approx(0.75)
+    assert summary["designer_reward_mean"] == pytest.approx((0.75 - 1.0) / 2)
+    assert (summary["valid"], summary["invalid"], summary["played_envs"], summary["replayed_played"]) == (1, 1, 2, 1)
+    assert summary["episodes"] == 12
+    div = json.loads((tmp_path / "scores.jsonl.manifest.json").read_text())["diversity"]
+    by_hand = diversity.diversity([diversity.design_parts(r["title"], r["code"], r["hint"], None) for r in (new, bad)],
+                                  "tfidf")
+    assert div["n"] == 2 and div["vendi"] == pytest.approx(by_hand["vendi"])
+    got = {r["env_id"]: r for r in _rows(tmp_path / "memory2.jsonl")}
+    assert set(got) == {old["env_id"], new["env_id"]}
+    assert [(h["iteration"], h["unhinted_mean"]) for h in got[old["env_id"]]["history"]] == [(0, 0.0), (1, 0.75)]
+
+    # The replay file given as --envs by hand is still recognised (its rows carry the replay mark)
+    res = _regret({**fx, "envs": f"{envs},{replay}"}, "--played", extras, "--no-seed-audit", out="s2.jsonl",
+                  memory=("--memory", "memory1.jsonl", "--memory-out", "m2.jsonl"))
+    assert res.returncode == 0, res.stderr
+    assert [r["env_id"] for r in _rows(tmp_path / "s2.jsonl")] == [new["env_id"], bad["env_id"]]
+    # ... and the extra set given as --envs is refused at its first row: it is of another iteration
+    res = _regret({**fx, "envs": f"{envs},{extras}"}, "--played", replay, "--no-seed-audit", out="s3.jsonl",
+                  memory=mem)
+    assert res.returncode == 1 and f"{extras}:1:" in res.stderr and "--played" in res.stderr
+    # without --played, the extra set's episodes belong to no known env
+    res = _regret(fx, "--played", replay, "--no-seed-audit", out="s4.jsonl", memory=mem)
+    assert res.returncode == 1 and starter["env_id"] in res.stderr and "--played" in res.stderr
+    assert not list(tmp_path.glob("s[34].jsonl*"))

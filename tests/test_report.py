@@ -120,7 +120,8 @@ def test_report_tables_and_plots_hold_hand_computed_values(run_dir: Path) -> Non
     assert json.loads(lines[0])["invalid_reasons"] == {"trivial": 1, "no_code": 1}
 
     names = {Path(p).name for p in summary["plots"]}
-    assert names == {"returns.png", "validity.png", "diversity.png", "update.png", "eval.png"}
+    assert names == {"returns.png", "validity.png", "diversity.png", "update.png", "eval.png", "labels.png",
+                     "regret.png"}
     for name in names:
         data = (run_dir / "report" / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000
@@ -171,3 +172,121 @@ def test_engine_columns_count_every_server_of_a_fleet(tmp_path: Path) -> None:
     got = engine_events(RunLayout(tmp_path))
     assert got == {0: {"engine_starts": 2, "engine_start_s": 70.0, "engine_loads": 0, "engine_load_s": 0.0},
                    1: {"engine_starts": 1, "engine_start_s": 50.0, "engine_loads": 2, "engine_load_s": 3.5}}
+
+
+def _spec_val(i: int, env: str, level: int | None, valid: bool = True) -> dict:
+    return {"schema": "spade.validation/1", "env_id": env, "iteration": i, "code": f"# {env}", "hint": "h",
+            "valid": valid, "reason": None if valid else "trivial",
+            **({"spec": {"rule": "reverse", "level": level}} if level is not None else {})}
+
+
+def _scored(env: str, unhinted: float | None, hinted: float | None, ci: float | None, valid: bool = True) -> dict:
+    regret = None if unhinted is None or hinted is None else hinted - unhinted
+    return {**_score(env, regret, regret if valid else -1.0), "unhinted_mean": unhinted, "hinted_mean": hinted,
+            "regret_ci95": ci, "valid": valid}
+
+
+@pytest.fixture
+def spec_run(tmp_path: Path) -> Path:
+    """Iteration 0 plays five valid spec designs, one invalid, and a fixed set outside the run (x1,
+    level 2) that only its rollout manifest names; iteration 1 plays one design and the replay of e1
+    (its level from iter_0000/replay.jsonl, no rollout manifest); iteration 2's designs carry no spec."""
+    root = tmp_path / "runs" / "spec"
+    it0, it1, it2 = (root / f"iter_{i:04d}" for i in range(3))
+    _jsonl(it0 / "validated.jsonl", [_spec_val(0, "e1", 1), _spec_val(0, "e2", 2), _spec_val(0, "e3", 3),
+                                     _spec_val(0, "e5", 1), _spec_val(0, "e6", 3), _spec_val(0, "e4", 3, False)])
+    extras = tmp_path / "extras.jsonl"
+    _jsonl(extras, [_spec_val(0, "x1", 2)])
+    unhinted = {"e1": (1.0, 0.5), "e2": (0.5, 0.5), "e3": (0.0, 0.5), "e5": (1.0, 0.8), "e6": (0.0, 0.0),
+                "x1": (0.0, 0.0)}
+    _jsonl(it0 / "rollouts.jsonl", [_ep(e, h, p, 1.0 if h else u[p]) for e, u in unhinted.items()
+                                    for h in (False, True) for p in (0, 1)])
+    (it0 / "rollouts.jsonl.manifest.json").write_text(json.dumps(
+        {"stage": "rollout", "inputs": {"envs": [{"path": str(it0 / "validated.jsonl")}, {"path": str(extras)}]}}))
+    # labels: e1 learnable, e2 no signal, e3 too hard (hinted 0.1), e5 too easy, e6 learnable (CI 0.6 > regret)
+    _jsonl(it0 / "scores.jsonl", [_scored("e1", 0.75, 1.0, 0.1), _scored("e2", 0.5, 0.6, 0.3),
+                                  _scored("e3", 0.25, 0.1, 0.05), _scored("e5", 0.9, 0.9, None),
+                                  _scored("e6", 0.0, 0.5, 0.6), _scored("e4", None, None, None, valid=False)])
+    _jsonl(it0 / "replay.jsonl", [{**_spec_val(1, "e1", 1), "replay": {"priority": 1.0}}])
+    _jsonl(it1 / "validated.jsonl", [_spec_val(1, "e7", 2)])
+    _jsonl(it1 / "rollouts.jsonl", [_ep(e, False, p, r) for e, r in (("e7", 0.5), ("e1", 1.0)) for p in (0, 1)])
+    _jsonl(it1 / "scores.jsonl", [_scored("e7", 0.5, 1.0, 0.4)])
+    _jsonl(it2 / "validated.jsonl", [_spec_val(2, "e8", None)])
+    _jsonl(it2 / "rollouts.jsonl", [_ep("e8", False, 0, 1.0)])
+    return root
+
+
+@pytest.mark.integration
+def test_curriculum_diagnostics_hold_hand_computed_values(spec_run: Path) -> None:
+    proc = run_spade("report", spec_run, env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(x) for x in (spec_run / "report" / "iterations.jsonl").read_text().splitlines()]
+    r0, r1, r2 = rows
+    # five valid designs: 1 too easy, 2 learnable, 1 too hard, 1 no signal (the invalid one is left out)
+    assert [r0[f"share_{k}"] for k in ("too_easy", "learnable", "too_hard", "no_signal", "untested")] == \
+        pytest.approx([0.2, 0.4, 0.2, 0.2, 0.0])
+    # regrets -0.15, 0, 0.1, 0.25, 0.5: p10 at rank 0.4, p90 at rank 3.6 (linear interpolation)
+    assert [r0[f"regret_p{q}"] for q in (10, 25, 50, 75, 90)] == pytest.approx([-0.09, 0.0, 0.1, 0.25, 0.4])
+    assert r0["share_ci_above_0"] == pytest.approx(0.2)  # e1 only: 0.25 - 0.1 > 0; e5 has no interval
+    assert r0["levels"] == {"1": 2, "2": 1, "3": 2} and r0["level_mean"] == pytest.approx(2.0)
+    # level 1: e1 + e5 = (1 + 0.5 + 1 + 0.8) / 4; level 2: e2 + the fixed set's x1; level 3: e3 + e6
+    assert r0["unhinted_by_level"] == pytest.approx({"1": 0.825, "2": 0.25, "3": 0.125})
+    assert r0["frontier"] == 1
+    # iteration 1: the replayed e1 (level 1) is solved, the new e7 (level 2) just reaches 0.5
+    assert r1["unhinted_by_level"] == pytest.approx({"1": 1.0, "2": 0.5}) and r1["frontier"] == 2
+    assert r1["levels"] == {"2": 1} and r1["share_learnable"] == 1.0 and r1["share_ci_above_0"] == 1.0
+    # iteration 2: no spec, no level figures
+    assert not {"levels", "level_mean", "unhinted_by_level", "frontier"} & r2.keys()
+    cells = _csv(spec_run)[0]
+    assert cells["levels"] == "1:2;2:1;3:2" and cells["frontier"] == "1" and cells["share_learnable"] == "0.4"
+    assert _csv(spec_run)[1]["share_no_signal"] == "0.0"
+    for name in ("labels.png", "regret.png", "frontier.png"):
+        data = (spec_run / "report" / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+@pytest.mark.unit
+def test_without_specs_no_level_figures_and_no_frontier_plot(run_dir: Path) -> None:
+    from stages import report
+
+    result = report.run(run_dir)
+    assert not {"levels", "level_mean", "unhinted_by_level", "frontier"} & set(result["columns"])
+    assert {Path(p).name for p in result["plots"]} >= {"labels.png", "regret.png"}
+    assert not (run_dir / "report" / "frontier.png").exists()
+    # the fixture's scores carry no means: every design is untested, its regret still counts
+    assert result["rows"][0]["share_untested"] == 1.0 and result["rows"][0]["regret_p50"] == 0.5
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # the real stages of one iteration with the tiny model (a minute on a loaded 2-core machine)
+def test_curriculum_diagnostics_of_a_real_iteration_with_a_fixed_set(tiny_model: Path, tmp_path: Path) -> None:
+    """design (the bundled pool) -> validate -> rollout beside a fixed set -> regret with --played ->
+    report: the diagnostics cover the designs only, and hold together."""
+    from spade_cli.core.layout import RunLayout
+
+    lay = RunLayout(tmp_path / "run")
+    lay.iter_dir(0).mkdir(parents=True)
+    extra_designs, extras = tmp_path / "starter_designs.jsonl", tmp_path / "starter.jsonl"
+    steps = [("design", "--pool", "bundled", "--n", "3", "--out", lay.designs(0)),
+             ("validate", "--designs", lay.designs(0), "--out", lay.validated(0)),
+             ("design", "--pool", "starter", "--n", "2", "--out", extra_designs),
+             ("validate", "--designs", extra_designs, "--out", extras),
+             ("rollout", "--model", tiny_model, "--envs", lay.validated(0), "--envs", extras, "--k", "2",
+              "--max-turns", "1", "--max-tokens", "8", "--out", lay.rollouts(0)),
+             ("regret", "--envs", lay.validated(0), "--played", extras, "--rollouts", lay.rollouts(0),
+              "--out", lay.scores(0), "--embedding", "tfidf", "--no-seed-audit"),
+             ("report", lay.root)]
+    for step in steps:
+        res = run_spade(*step, timeout=900)
+        assert res.returncode == 0, (step[0], res.stderr[-3000:])
+    (row,) = [json.loads(x) for x in (lay.report_dir / "iterations.jsonl").read_text().splitlines()]
+    valid = [r for r in map(json.loads, lay.validated(0).read_text().splitlines()) if r["valid"]]
+    played = {r["env_id"] for r in map(json.loads, lay.rollouts(0).read_text().splitlines())}
+    assert len(played) > len(valid) >= 1  # the fixed set was played beside the designs ...
+    assert row["scored_envs"] == 3  # ... and only the designs were scored
+    shares = [row[f"share_{k}"] for k in ("too_easy", "learnable", "too_hard", "no_signal", "untested")]
+    assert sum(shares) == pytest.approx(1.0) and all(s * len(valid) == pytest.approx(round(s * len(valid)))
+                                                      for s in shares)
+    qs = [row[f"regret_p{q}"] for q in (10, 25, 50, 75, 90)]
+    assert qs == sorted(qs) and 0.0 <= row["share_ci_above_0"] <= 1.0
+    assert "frontier" not in row  # the pool's envs carry no spec

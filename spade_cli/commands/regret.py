@@ -14,10 +14,16 @@ PANEL_REPLAY = "Memory and replay"
 
 
 def regret(
-    envs: Annotated[list[str], typer.Option("--envs", help="validated.jsonl (several files or a glob).")],
+    envs: Annotated[list[str], typer.Option(
+        "--envs", help="The iteration's designs: its validated.jsonl (several files or a glob).")],
     rollouts: Annotated[list[str], typer.Option(
         "--rollouts", help="Rollout JSONL: files, shards or a glob.")],
     out: OutFileOpt,
+    played: Annotated[list[str] | None, typer.Option(
+        "--played", rich_help_panel=PANEL_REPLAY,
+        help="Envs the rollout played beside the designs (the replay file, a fixed set): no score row, "
+        "in no mean or Vendi score; a past design among them updates its memory history, others never "
+        "enter the memory.")] = None,
     memory: Annotated[Path | None, typer.Option(
         "--memory", dir_okay=False, rich_help_panel=PANEL_REPLAY,
         help="The memory as of this iteration (read only; omit it in the first iteration).")] = None,
@@ -76,6 +82,9 @@ def regret(
     with the memory as of this iteration into a new memory file, optionally write replay envs, and
     report the Vendi diversity.
 
+    Only the designs in --envs are scored; envs given with --played (replays, a fixed set) are read
+    for their episodes but never scored as designs.
+
     Example: [bold]spade regret --envs validated.jsonl --rollouts 'rollouts*.jsonl' --out scores.jsonl
     --memory-out memory/iter_0001.jsonl --replay 4 --replay-out replay.jsonl[/] (iteration i reads
     memory/iter_i.jsonl with --memory, from iteration 1 on)
@@ -86,7 +95,7 @@ def regret(
         raise typer.BadParameter("choose regret, ema_lp or learnability", param_hint="--signal")
     if replay and replay_out is None:
         raise typer.BadParameter("--replay K needs --replay-out FILE", param_hint="--replay-out")
-    summary = stage.run(envs, rollouts, out, memory=memory, memory_out=memory_out, signal=signal, clip_negative=clip_negative,
+    summary = stage.run(envs, rollouts, out, played=played, memory=memory, memory_out=memory_out, signal=signal, clip_negative=clip_negative,
                         invalid_reward=invalid_reward, iteration=iteration, before_rollouts=before_rollouts,
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,

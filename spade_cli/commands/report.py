@@ -12,7 +12,8 @@ from spade_cli.cli import PANEL_HELPERS, command, console, finish
 # What the terminal table shows; the CSV has every column.
 SHOWN = [("iteration", "iter"), ("valid", "valid"), ("valid_rate", "valid%"), ("invalid_reasons", "top reason"),
          ("unhinted_mean", "unhinted"), ("hinted_mean", "hinted"), ("regret_mean", "regret"),
-         ("vendi_per_n", "Vendi/n"), ("update.loss", "loss"), ("update.kl", "kl"),
+         ("vendi_per_n", "Vendi/n"), ("share_learnable", "learn%"), ("share_ci_above_0", "CI>0%"),
+         ("frontier", "frontier"), ("update.loss", "loss"), ("update.kl", "kl"),
          ("update.staleness.behind", "behind")]  # updates between the sampler and the trained model
 
 
@@ -22,7 +23,7 @@ def _fmt(key: str, value: Any) -> str:
     if key == "invalid_reasons":
         reason, count = next(iter(value.items()))
         return f"{reason} ({count})"
-    if key == "valid_rate":
+    if key == "valid_rate" or key.startswith("share_"):
         return f"{100 * value:.0f}%"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e-3 and value != 0 else f"{value:.3f}"
@@ -56,10 +57,12 @@ def report(
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     max_rows: Annotated[int, typer.Option("--max-rows", min=4, help="Terminal table rows (CSV has all).")] = 40,
 ) -> None:
-    """Tabulate a run per iteration: validity, returns, regret, Vendi/n, update metrics, eval scores.
+    """Tabulate a run per iteration: validity, returns, regret, Vendi/n, the curriculum diagnostics
+    (design labels, regret quantiles, difficulty against the frontier), update metrics, eval scores.
 
     Writes RUN_DIR/report/iterations.csv, iterations.jsonl and PNG plots (returns, validity,
-    diversity, update, eval); works on runs that are still going or stopped part-way.
+    diversity, update, eval, labels, regret, frontier); works on runs that are still going or
+    stopped part-way.
 
     Example: [bold]spade report runs/demo[/]
     """

@@ -159,6 +159,19 @@ def designer_reward(signal: str, stats: dict, clip_negative: bool = False) -> fl
 SIGNALS = ("regret", "ema_lp", "learnability")
 
 
+def spec_of(rec: Validation | dict) -> dict | None:
+    """The structured spec a design carries (a mapping with ``rule`` and the difficulty ``level``),
+    as a record field or an extra one; None for a free-form design or a malformed spec."""
+    spec = rec.get("spec") if isinstance(rec, dict) else (getattr(rec, "spec", None) or rec.extra.get("spec"))
+    return spec if isinstance(spec, dict) else None
+
+
+def level_of(rec: Validation | dict) -> int | None:
+    """A spec's difficulty ``level`` (higher is harder); None without one."""
+    level = (spec_of(rec) or {}).get("level")
+    return level if isinstance(level, int) and not isinstance(level, bool) else None
+
+
 def replay_priorities(scores: Sequence[float], staleness: Sequence[float], beta: float = 0.1,
                       rho: float = 0.1) -> list[float]:
     """PLR replay distribution over candidates: rank prioritisation of ``scores`` mixed with staleness.
@@ -200,10 +213,11 @@ def select_replay(memory: list[dict], iteration: int, k: int, exclude: set[str],
     out = []
     for i in order:
         r = cands[i]
+        spec = {"spec": r["spec"]} if spec_of(r) else {}  # a spec design stays one when replayed
         rec = Validation(env_id=r["env_id"], iteration=iteration + 1, title=r.get("title"), code=r["code"],
                          hint=r.get("hint"), doc={"id": r.get("doc_id")} if r.get("doc_id") else None,
                          valid=True, extra={"replay": {"priority": prio[i], "score": scores[i],
                                                        "staleness": stale[i],
-                                                       "first_iteration": r.get("first_iteration")}})
+                                                       "first_iteration": r.get("first_iteration")}, **spec})
         out.append(to_row(rec))
     return out

@@ -120,9 +120,19 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def _trend(history: list, last: dict) -> str:
+    """How an env measured more than once (a replay) moved: its first unhinted mean, so the Designer
+    sees whether the learner got better at it; empty for an env measured once."""
+    first = next((h for h in history if h.get("unhinted_mean") is not None), None)
+    if first is None or first is last or last.get("unhinted_mean") is None:
+        return ""
+    return f" (from {_fmt(first['unhinted_mean'])} at iteration {first.get('iteration')})"
+
+
 def memory_summary(memory: list, k: int = 12, hint_chars: int = 120) -> str | None:
     """A compact text block about the most recent ``k`` environments in memory (Memory records),
-    with label counts over the whole memory; None when the memory is empty."""
+    with label counts over the whole memory; None when the memory is empty. An env measured in
+    several iterations shows its first unhinted mean beside the latest (the learner's progress)."""
     if not memory:
         return None
     entries = []
@@ -145,7 +155,7 @@ def memory_summary(memory: list, k: int = 12, hint_chars: int = 120) -> str | No
         hint = " ".join((m.hint or "").split())
         hint = hint if len(hint) <= hint_chars else hint[:hint_chars].rstrip() + "…"
         lines.append(f"- [{lab}] {m.title or m.env_id} (iteration {it}): unhinted "
-                     f"{_fmt(last.get('unhinted_mean'))}, hinted {_fmt(last.get('hinted_mean'))}, "
+                     f"{_fmt(last.get('unhinted_mean'))}{_trend(m.history, last)}, hinted {_fmt(last.get('hinted_mean'))}, "
                      f"regret {_fmt(last.get('regret'))}. Hint was: {hint or 'none'}")
     lines.append("Move the frontier: avoid repeating these, make too-easy ideas harder and too-hard "
                  "ideas more approachable.")

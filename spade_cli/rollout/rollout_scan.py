@@ -168,7 +168,7 @@ def scan_rollouts(paths: Iterable[Path], known: set[str], chunk: int = 8 << 20,
         seen[ep_id] = (path, lineno, tuple(fields))
         if env_id not in known:
             raise InputError(path, lineno, f"episode of env {env_id!r}, which is neither a valid env of "
-                             "--envs nor in --memory")
+                             "--envs or --played nor in --memory")
         st = envs.get(env_id)
         if st is None:
             st = envs[env_id] = {"h": defaultdict(list), "u": defaultdict(list), "h_err": 0, "u_err": 0}

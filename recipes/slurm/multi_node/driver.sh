@@ -255,8 +255,9 @@ for ((i = 0; i < ITERS; i++)); do
       spade validate --designs "$designs" --out "$validated" "${flags[@]}" $VALIDATE_ARGS)"
   fi
 
-  envs=(--envs "$validated")
-  ((i > 0)) && [[ -f "$prev_replay" ]] && envs+=(--envs "$prev_replay")
+  # the replays the rollout array plays beside the designs: read by regret, never scored as designs
+  played=()
+  ((i > 0)) && [[ -f "$prev_replay" ]] && played+=(--played "$prev_replay")
   if ((shards_done < SHARDS)) && ! done_ "$scores"; then
     export ITER="$i" CKPT="$sampler" SERVERS="" SERVE_JOB=""
     serve_dep=()
@@ -277,7 +278,7 @@ for ((i = 0; i < ITERS; i++)); do
     ((REPLAY > 0)) && flags+=(--replay "$REPLAY" --replay-out "$replay")
     # shellcheck disable=SC2086
     after="$(submit "${cpu[@]}" $(dep) --job-name=spade-regret "$HERE/stage.sbatch" \
-      spade regret "${envs[@]}" --rollouts "$rollouts_glob" --out "$scores" "${flags[@]}" $REGRET_ARGS)"
+      spade regret --envs "$validated" "${played[@]}" --rollouts "$rollouts_glob" --out "$scores" "${flags[@]}" $REGRET_ARGS)"
   fi
   # update(i) and the evaluation of its checkpoint; pipelined, they are submitted once regret(i) and
   # update(i-1) are done, and waited for only at the end of iteration i+1, after its generation
