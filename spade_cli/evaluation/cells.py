@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from spade_cli.designer.curriculum import mean
+from spade_cli.designer.curriculum import level_of, mean, spec_of
 
 Cell = tuple[str, int]
 
 
 def cell_of(row: dict) -> Cell | None:
-    spec = row.get("spec")
-    return (spec["rule"], int(spec["level"])) if isinstance(spec, dict) and "rule" in spec else None
+    level = level_of(row)
+    return None if level is None or "rule" not in (spec := spec_of(row) or {}) else (spec["rule"], level)
 
 
 def cell_table(validated: Iterable[dict], scores: Iterable[dict]) -> dict[Cell, dict]:
