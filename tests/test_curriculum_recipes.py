@@ -46,14 +46,14 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     assert "failed_trainable" in json.loads((root / "summary_gate.json").read_text())["seed0"]
 
     for arm in ("regret", "shuffled"):
-        _recipe("steering.sh", root, ARM=arm, ITERS="2", N_ENVS="4")
+        _recipe("steering.sh", root, ARMS=arm, SEEDS="0", ITERS="2", N_ENVS="4")
     shuffled = [json.loads(line) for line in
                 (root / "seed0" / "steering" / "shuffled" / "iter_0000" / "scores.jsonl").read_text().splitlines()]
     earned = [r for r in shuffled if r.get("note") is None]
     assert all("designer_reward_earned" in r for r in earned)
     table = _summarize("steering", root)
     assert "| regret | 1 |" in table and "| shuffled | 1 |" in table and "regret arm minus shuffled" in table
-    again = _recipe("steering.sh", root, ARM="regret", ITERS="2", N_ENVS="4")  # finished: all up to date
+    again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="2", N_ENVS="4")  # finished: all up to date
     assert "up to date" in again.stderr
 
     _recipe("outcome.sh", root, ARMS="spade space_pool", SEEDS="0", ITERS="1", N_ENVS="4", EVAL_K="1")
