@@ -2,6 +2,7 @@
 # warm.sh — the starting model of the design-space experiments: both roles warm-started (docs/curriculum.md).
 #
 #   ROOT=runs/curriculum SEED=0 bash recipes/curriculum/warm.sh    # -> $ROOT/seed0/model/warm
+#   DIR=runs/quickstart/model SEED=0 bash recipes/curriculum/warm.sh
 #
 # A random 13M Qwen3 (`spade init-model --size small`), then one `spade warmstart`: the Designer
 # learns the spec format over the trainable cells (`--pool space --contract spec`), the Agent
@@ -12,7 +13,7 @@ set -euo pipefail
 ROOT="${ROOT:-runs/curriculum}" SEED="${SEED:-0}"
 WARM_EPOCHS="${WARM_EPOCHS:-16}" SOLVER_SEEDS="${SOLVER_SEEDS:-16}" MAX_TURNS="${MAX_TURNS:-6}"
 SIZE="${SIZE:-small}"                 # tiny: the smoke tests' size
-dir="$ROOT/seed$SEED/model"
+dir="${DIR:-$ROOT/seed$SEED/model}"     # init/ and warm/ go here (the quickstart: RUN/model)
 spade init-model --out "$dir/init" --size "$SIZE" --seed "$SEED"
 spade warmstart --model "$dir/init" --out "$dir/warm" --pool space --agent-pool space-practice \
   --contract spec --no-example --memory-k 4 --no-grounding --epochs "$WARM_EPOCHS" --batch-size 4 \
