@@ -43,9 +43,22 @@ def test_smoke_quickstart_runs_every_stage_and_compares_the_held_out_suite(tmp_p
     assert set(rows) == {"unhinted_return", "hinted_return"}
     for r in rows.values():
         assert 0.0 <= r["a"] <= 1.0 and 0.0 <= r["b"] <= 1.0 and r["diff"] == pytest.approx(r["b"] - r["a"])
-        assert r["a_n"] == r["b_n"] == 2 * 4  # SMOKE: EVAL_K=2 seeds of each of the 4 starter envs
-        assert r["paired_n"] == 8  # both evals played the same seeds: every episode is paired
+        assert r["a_n"] == r["b_n"] == 2 * 6  # SMOKE: EVAL_K=2 seeds of each of the 6 held-out cells
+        assert r["paired_n"] == 12  # both evals played the same seeds: every episode is paired
     assert "unhinted_return" in err  # the table a user reads
+
+    # held out means unseen: no design, pool or warm-start env of the run is a held-out cell
+    from spade_cli.designer import space
+
+    suite = [json.loads(line) for line in (run / "heldout" / "validated.jsonl").read_text().splitlines()]
+    assert {(r["spec"]["rule"], r["spec"]["level"]) for r in suite} == space.HELD_OUT
+    for path in run.glob("iter_*/validated.jsonl"):
+        cells = {(r["spec"]["rule"], r["spec"]["level"]) for r in map(json.loads, path.read_text().splitlines())
+                 if r.get("spec")}
+        assert not cells & space.HELD_OUT, path
+    warm = json.loads((run / "model" / "warm.manifest.json").read_text())["summary"]
+    assert not any(e.removeprefix("warmstart-practice_").rsplit("_", 1)[0] + "/" + e.rsplit("_", 1)[1]
+                   in {f"{r}/{lv}" for r, lv in space.HELD_OUT} for e in warm["agent_envs"])
 
     report = run / "report"
     assert (report / "iterations.csv").read_text().count("\n") >= 3  # header and iterations 0, 1, 2
