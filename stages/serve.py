@@ -143,7 +143,8 @@ def run(model: str | Path, run_dir: str | Path, opts: EngineOptions | None = Non
         return {"status": "dry run", "command": f"{env} {shlex.join(cmd)}", "link": f"{server.link} -> {model}",
                 "state": str(server.state_path)}
     if not (model / "config.json").is_file():
-        raise SpadeError(f"{model}: not a checkpoint directory (no config.json)")
+        raise SpadeError(f"{model}: not a checkpoint directory (no config.json); spade serve serves a local "
+                         "checkpoint (a hub model: huggingface-cli download ID --local-dir DIR first)")
     who = server.identity()
     if who == "unknown":
         raise SpadeError(server.unidentified())
