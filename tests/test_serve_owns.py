@@ -46,7 +46,7 @@ def _common(tmp_path: Path) -> list:
 @pytest.mark.integration
 def test_engine_args_that_spade_sets_are_refused_naming_its_flag(ckpt, tmp_path, standin):  # noqa: F811
     for arg, flag in (("port=9000", "--port"), ("--host=0.0.0.0", "--host"), ("served-model-name=x", "itself"),
-                      ("dtype=float16", "--dtype"), ("no_enable_prefix_caching=true", "--enable-prefix-caching"),
+                      ("dtype=float16", "--dtype"), ("no_enforce_eager=true", "--enforce-eager"),
                       ("tensor_parallel_size=2", "--tensor-parallel-size")):
         res = run_spade("serve", *_common(tmp_path), "--model", ckpt, "--engine-arg", arg, env=standin)
         assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, (arg, res.stderr)
@@ -58,8 +58,11 @@ def test_engine_args_that_spade_sets_are_refused_naming_its_flag(ckpt, tmp_path,
     # prefix caching: vLLM's default (on) unless turned off; other engine arguments pass through
     dry = _serve(*_common(tmp_path), "--model", ckpt, "--dry-run", "--engine-arg", "max_num_seqs=64", env=standin)
     assert "prefix-caching" not in dry["command"] and "--max-num-seqs 64" in dry["command"]
-    off = _serve(*_common(tmp_path), "--model", ckpt, "--dry-run", "--no-enable-prefix-caching", env=standin)
-    assert "--no-enable-prefix-caching" in off["command"]
+    off = _serve(*_common(tmp_path), "--model", ckpt, "--dry-run", "--engine-arg", "enable_prefix_caching=false",
+                 env=standin)
+    assert off["command"].count("--no-enable-prefix-caching") == 1 and "--enable-prefix-caching" not in off["command"]
+    on = _serve(*_common(tmp_path), "--model", ckpt, "--dry-run", "--enable-prefix-caching", env=standin)
+    assert " --enable-prefix-caching" in on["command"]
 
 
 @pytest.mark.integration

@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
-from spade_cli.backends import Sampling, load_backend
+from spade_cli.backends import GenSample, Sampling, load_backend
 from spade_cli.backends.openai import dp_rank
 from spade_cli.rollout.seeds import turn_seed
 from tests.conftest import run_spade
+from tests.test_backend_openai import _VLLMShaped
 from tests.test_rollout_envs import GUESS, validation_row, write_envs
 from tests.test_serve import _calls, _free_port, _serve, untied
 from tests.test_serve import standin as standin  # noqa: F401 (the fixture)
@@ -60,32 +61,29 @@ def test_an_episodes_requests_go_to_one_engine_and_episodes_spread_over_all(tiny
     assert len(set(ranks.values())) >= 3, ranks  # and the episodes spread over the engines
 
 
-class _Metrics(BaseHTTPRequestHandler):
+class _OneToken:
+    def generate(self, prompts: list, n: int, sampling: Sampling) -> list:
+        return [[GenSample(token_ids=[1], text="x", logprobs=[-1.0], finish_reason="length") for _ in range(n)]]
+
+
+class _Metrics(_VLLMShaped):
     """A vLLM without development routes: its data parallelism shows only in /metrics labels."""
 
+    hf = _OneToken()
+    seen: list[dict] = []
     ranks: list[str | None] = []
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.path == "/metrics":
-            text = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 0.0\n' for i in range(3))
-            return self._reply(200, text.encode())
-        self._reply(404, b"{}")
+        code, text = (200, "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 0.0\n'
+                                   for i in range(3))) if self.path == "/metrics" else (404, "{}")
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text.encode())
 
     def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.ranks.append(self.headers.get("X-data-parallel-rank"))
-        choices = [{"index": j, "text": "x", "token_ids": [1], "finish_reason": "length",
-                    "logprobs": {"token_logprobs": [-1.0]}} for j in range(body["n"])]
-        self._reply(200, json.dumps({"choices": choices}).encode())
-
-    def _reply(self, code: int, data: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        super().do_POST()
 
 
 @pytest.mark.integration

@@ -46,9 +46,10 @@ GpuMemoryOpt = Annotated[float | None, typer.Option(
     help="Share of each GPU's memory vLLM may take [default: 0.85].")]
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     "--max-model-len", min=16, rich_help_panel=PANEL, help="Context length [default: the model's].")]
-PrefixCachingOpt = Annotated[bool | None, typer.Option(
-    "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=PANEL, show_default=False,
-    help="Reuse the KV cache of shared prompt prefixes [default: vLLM's, on].")]
+PrefixCachingOpt = Annotated[bool, typer.Option(
+    "--enable-prefix-caching", rich_help_panel=PANEL, show_default=False,
+    help="Reuse the KV cache of shared prompt prefixes: vLLM's default is on, so this only says so "
+    "(--engine-arg enable_prefix_caching=false turns it off).")]
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", rich_help_panel=PANEL, help="No CUDA graphs (faster start, slower decode).")]
 ForeignServerOpt = Annotated[bool, typer.Option(
@@ -75,14 +76,20 @@ class EngineOptions:
     @classmethod
     def from_cli(cls, tensor_parallel_size: int | None = None, data_parallel_size: int | None = None,
                  gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
-                 enable_prefix_caching: bool | None = None, enforce_eager: bool = False,
+                 enable_prefix_caching: bool = False, enforce_eager: bool = False,
                  engine_arg: list[str] | None = None) -> EngineOptions:
         try:
             extra = parse_engine_args(engine_arg or [])
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--engine-arg") from None
+        on = True if enable_prefix_caching else None
+        if on and extra.get("enable_prefix_caching") is False:
+            raise typer.BadParameter("--enable-prefix-caching and enable_prefix_caching=false disagree",
+                                     param_hint="--engine-arg")
+        if "enable_prefix_caching" in extra:  # the off switch: vLLM's default is on
+            on, extra = bool(extra.pop("enable_prefix_caching")), extra
         return cls(tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len,
-                   enable_prefix_caching, enforce_eager, extra)
+                   on, enforce_eager, extra)
 
     def is_default(self) -> bool:
         return self == EngineOptions()
@@ -146,8 +153,7 @@ class EngineOptions:
 OWNED = {"model": "--model", "tokenizer": "--model", "served_model_name": None, "logprobs_mode": None,
          "trust_remote_code": None, "tensor_parallel_size": "--tensor-parallel-size",
          "data_parallel_size": "--data-parallel-size", "gpu_memory_utilization": "--gpu-memory-utilization",
-         "max_model_len": "--max-model-len", "enable_prefix_caching": "--enable-prefix-caching",
-         "enforce_eager": "--enforce-eager"}
+         "max_model_len": "--max-model-len", "enforce_eager": "--enforce-eager"}
 
 
 def refuse_owned(key: str, owned: dict[str, str | None]) -> None:

@@ -116,7 +116,7 @@ def design(
     data_parallel_size: DataParallelOpt = None,
     gpu_memory_utilization: GpuMemoryOpt = None,
     max_model_len: MaxModelLenOpt = None,
-    enable_prefix_caching: PrefixCachingOpt = None,
+    enable_prefix_caching: PrefixCachingOpt = False,
     enforce_eager: EnforceEagerOpt = False,
     engine_arg: EngineArgOpt = None,
     accept_foreign_server: ForeignServerOpt = False,

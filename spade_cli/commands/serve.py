@@ -50,7 +50,7 @@ def serve(
     data_parallel_size: DataParallelOpt = None,
     gpu_memory_utilization: GpuMemoryOpt = None,
     max_model_len: MaxModelLenOpt = None,
-    enable_prefix_caching: PrefixCachingOpt = None,
+    enable_prefix_caching: PrefixCachingOpt = False,
     enforce_eager: EnforceEagerOpt = False,
     engine_arg: EngineArgOpt = None,
 ) -> None:
