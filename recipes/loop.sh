@@ -108,7 +108,9 @@ serve_load() {  # CKPT ITERATION: make the run's server serve CKPT
 }
 serve_sleep() {
   [[ "$ENGINE" == serve ]] || return 0
-  stage "$SPADE" serve --run-dir "$RUN" --do sleep --iteration "$1" >/dev/null
+  # level 2 drops the weights rather than parking them in host memory (the data-parallel engines'
+  # copies add up, beside the update's own host peak): the next load reads a new checkpoint anyway
+  stage "$SPADE" serve --run-dir "$RUN" --do sleep --level 2 --iteration "$1" >/dev/null
 }
 # --- end one engine ------------------------------------------------------------------------------
 

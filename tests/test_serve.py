@@ -1,13 +1,17 @@
 """`spade serve` and the stages' server checks, against a stand-in vLLM server on 127.0.0.1.
 
-The stand-in (a ``vllm.entrypoints.openai.api_server`` module written to tmp_path and put first
-on PYTHONPATH, so ``spade serve`` starts it exactly as it starts vLLM) speaks the routes spade
+The stand-in (vLLM's CLI module ``vllm.entrypoints.cli.main`` with a ``vllm`` distribution's
+metadata, and the older ``vllm.entrypoints.openai.api_server`` module, written to tmp_path and put
+first on PYTHONPATH, so ``spade serve`` starts it exactly as it starts vLLM) speaks the routes spade
 uses: ``/health``, ``/v1/models`` (the served name and its root, as vLLM lists them),
-``/v1/completions`` (token mode; processed log-probs, so ``top_k: 1`` gives 0),
+``/v1/completions`` (token mode; processed log-probs, so ``top_k: 1`` gives 0; the
+``X-data-parallel-rank`` header checked against ``--data-parallel-size`` and logged),
 ``/v1/chat/completions`` (lm-eval's ``local-chat-completions``; replies "x"), and the
-development routes ``/sleep``, ``/wake_up``, ``/collective_rpc`` (``reload_weights``) and
-``/reset_prefix_cache``. It logs every call, so the tests check the order
-of a reload, and at its start the devices it was given; ``STANDIN_RELOAD_S`` makes a reload slow. The real engine runs in the vllm-cpu tier (``recipes/test_vllm_cpu.sh``).
+development routes ``/sleep``, ``/wake_up``, ``/collective_rpc`` (``reload_weights``),
+``/reset_prefix_cache`` and ``/server_info``. A level-2 sleep drops its weights (``weights`` in
+the completion log is then None until a reload). It logs every call, so the tests check the order
+of a reload, and at its start the devices it was given; ``STANDIN_RELOAD_S`` makes a reload slow.
+The real engine runs in the vllm-cpu tier (``recipes/test_vllm_cpu.sh``).
 """
 
 from __future__ import annotations
@@ -37,13 +41,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 parser = argparse.ArgumentParser()
+parser.add_argument("positional", nargs="*")  # vllm serve MODEL; the api_server module takes --model
 parser.add_argument("--model")
 parser.add_argument("--served-model-name")
 parser.add_argument("--host")
 parser.add_argument("--port", type=int)
+parser.add_argument("--data-parallel-size", type=int, default=1)
 args, _ = parser.parse_known_args()
+if args.positional[:1] == ["serve"]:
+    args.model = args.positional[1]
 LOG = os.environ["STANDIN_SERVER_LOG"]
-state = {"model": args.model, "pending": None}
+state = {"model": args.model, "weights": args.model}
 
 
 def log(**row):
@@ -69,13 +77,19 @@ class H(BaseHTTPRequestHandler):
             return self.reply(200, {})
         if self.path == "/v1/models":
             return self.reply(200, {"data": [{"id": args.served_model_name, "root": args.model}]})
+        if self.path == "/server_info?config_format=json" and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            return self.reply(200, {"vllm_config": {"parallel_config": {
+                "data_parallel_size": args.data_parallel_size}}})
         self.reply(404, {})
 
     def do_POST(self):
         url = urlparse(self.path)
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
-        log(route=url.path, query=parse_qs(url.query), body=body)
+        rank = self.headers.get("X-data-parallel-rank")
+        log(route=url.path, query=parse_qs(url.query), body=body, rank=rank, weights=state["weights"])
         if url.path == "/v1/completions":
+            if rank is not None and not 0 <= int(rank) < args.data_parallel_size:
+                return self.reply(400, {"detail": f"data_parallel_rank {rank} is out of range"})
             lp = 0.0 if body.get("top_k") == 1 and not os.environ.get("STANDIN_RAW") else -1.5
             return self.reply(200, {"choices": [{"index": j, "text": "x", "token_ids": [1], "finish_reason": "length",
                                                  "logprobs": {"token_logprobs": [lp]}} for j in range(body["n"])]})
@@ -87,11 +101,15 @@ class H(BaseHTTPRequestHandler):
                 return self.reply(404, {"detail": "Not Found"})
             if body["method"] == "reload_weights":
                 time.sleep(float(os.environ.get("STANDIN_RELOAD_S") or 0))  # a slow load, to kill a call mid-load
-                state["model"] = body["kwargs"]["weights_path"]  # the weights now come from the new path
+                state["model"] = state["weights"] = body["kwargs"]["weights_path"]  # from the new path now
                 log(event="loaded", model=state["model"])
             return self.reply(200, {"results": [None]})
-        if url.path in ("/sleep", "/wake_up", "/reset_prefix_cache"):
+        if url.path == "/sleep" and parse_qs(url.query).get("level") == ["2"]:
+            state["weights"] = None  # level 2 discards the weights; a wake does not bring them back
+        if url.path in ("/sleep", "/wake_up"):
             return self.reply(200, {})
+        if url.path == "/reset_prefix_cache":
+            return self.reply(200, {"success": True})
         self.reply(404, {})
 
     def log_message(self, *a):
@@ -110,11 +128,17 @@ def _free_port() -> int:
 
 @pytest.fixture
 def standin(tmp_path: Path) -> dict:
-    mod = tmp_path / "standin" / "vllm" / "entrypoints" / "openai"
-    mod.mkdir(parents=True)
-    for d in (mod, mod.parent, mod.parent.parent):
+    entry = tmp_path / "standin" / "vllm" / "entrypoints"
+    for mod in (entry / "openai", entry / "cli"):
+        mod.mkdir(parents=True)
+        (mod / "__init__.py").write_text("")
+    for d in (entry, entry.parent):
         (d / "__init__.py").write_text("")
-    (mod / "api_server.py").write_text(STANDIN)
+    (entry / "openai" / "api_server.py").write_text(STANDIN)
+    (entry / "cli" / "main.py").write_text(STANDIN)
+    meta = tmp_path / "standin" / "vllm-0.33.0.dist-info"  # what `vllm serve` reads its version from
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n")
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "standin"), os.environ["PYTHONPATH"]]),
             "STANDIN_SERVER_LOG": str(tmp_path / "server_calls.jsonl"), "CUDA_VISIBLE_DEVICES": ""}
 
@@ -158,10 +182,10 @@ def test_serve_starts_reloads_without_restart_and_stages_check_the_checkpoint(tw
     common.append("--sleep-mode")  # every call the same engine command: another one restarts the server
     assert dry["status"] == "dry run" and not (run / "serve").exists()
     cmd = dry["command"]
-    assert cmd.startswith("VLLM_SERVER_DEV_MODE=1 ") and "-m vllm.entrypoints.openai.api_server" in cmd
-    for part in ("--served-model-name spade", "--logprobs-mode processed_logprobs", f"--port {port}",
-                 "--tensor-parallel-size 1 --data-parallel-size 1", "--max-model-len 512",
-                 f"--model {run / 'serve' / 'current'}"):
+    assert cmd.startswith("VLLM_SERVER_DEV_MODE=1 ") and "api_server" not in cmd
+    for part in (f"-m vllm.entrypoints.cli.main serve {run / 'serve' / 'current'} ", "--served-model-name spade",
+                 "--logprobs-mode processed_logprobs", f"--port {port}",
+                 "--tensor-parallel-size 1 --data-parallel-size 1", "--max-model-len 512"):
         assert part in cmd, part
     assert "--enable-sleep-mode" not in cmd  # no GPU here: vLLM's sleep mode is CUDA-only
 

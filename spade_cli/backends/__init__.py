@@ -101,6 +101,20 @@ def sample_seed(seed: int, j: int) -> int:
     return int(hashlib.sha256(f"{seed}|{j}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
 
+def prompt_key(prompt: list[int]) -> str:
+    """A prompt's routing key when its caller names none (``generate(keys=...)``): its content."""
+    import hashlib
+
+    return hashlib.sha256(",".join(map(str, prompt)).encode()).hexdigest()[:16]
+
+
+def keyed(backend: Any, keys: list[str] | None) -> dict:
+    """``keys=`` for a backend that routes requests by key (``routes_by_key``: the openai backend pins
+    each key to one of a server's data-parallel engines, so an episode's turns find its prefix
+    cached); nothing for the others, whose ``generate`` takes no keys."""
+    return {"keys": keys} if keys is not None and getattr(backend, "routes_by_key", False) else {}
+
+
 def render_chat(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True,
                 enable_thinking: bool = True) -> list[int]:
     """Token ids of a chat, rendered with the model's own template."""

@@ -47,9 +47,9 @@ GpuMemoryOpt = Annotated[float | None, typer.Option(
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     "--max-model-len", min=16, rich_help_panel=PANEL, help="Context length [default: the model's].")]
 PrefixCachingOpt = Annotated[bool, typer.Option(
-    "--enable-prefix-caching", rich_help_panel=PANEL,
-    help="Reuse the KV cache of shared prompt prefixes (off: vLLM's default; --engine-arg "
-    "enable_prefix_caching=false turns it off).")]
+    "--enable-prefix-caching", rich_help_panel=PANEL, show_default=False,
+    help="Reuse the KV cache of shared prompt prefixes: vLLM's default is on, so this only says so "
+    "(--engine-arg enable_prefix_caching=false turns it off).")]
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", rich_help_panel=PANEL, help="No CUDA graphs (faster start, slower decode).")]
 ForeignServerOpt = Annotated[bool, typer.Option(
@@ -82,8 +82,14 @@ class EngineOptions:
             extra = parse_engine_args(engine_arg or [])
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--engine-arg") from None
+        on = True if enable_prefix_caching else None
+        if on and extra.get("enable_prefix_caching") is False:
+            raise typer.BadParameter("--enable-prefix-caching and enable_prefix_caching=false disagree",
+                                     param_hint="--engine-arg")
+        if "enable_prefix_caching" in extra:  # the off switch: vLLM's default is on
+            on, extra = bool(extra.pop("enable_prefix_caching")), extra
         return cls(tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len,
-                   True if enable_prefix_caching else None, enforce_eager, extra)
+                   on, enforce_eager, extra)
 
     def is_default(self) -> bool:
         return self == EngineOptions()
@@ -142,6 +148,22 @@ class EngineOptions:
         return args
 
 
+# Engine arguments a stage sets itself, with the flag that sets them: passed through they would
+# override it unseen (the engine arguments come last), so they are refused, naming the flag.
+OWNED = {"model": "--model", "tokenizer": "--model", "served_model_name": None, "logprobs_mode": None,
+         "trust_remote_code": None, "tensor_parallel_size": "--tensor-parallel-size",
+         "data_parallel_size": "--data-parallel-size", "gpu_memory_utilization": "--gpu-memory-utilization",
+         "max_model_len": "--max-model-len", "enforce_eager": "--enforce-eager"}
+
+
+def refuse_owned(key: str, owned: dict[str, str | None]) -> None:
+    """Raise ValueError when the engine argument ``key`` (``no_`` forms included) is one of ``owned``."""
+    name = key.lower().removeprefix("no_")
+    if name in owned:
+        flag = owned[name]
+        raise ValueError(f"{key} is set by spade itself" + (f": use {flag}" if flag else ", and cannot be changed"))
+
+
 def parse_engine_args(items: list[str]) -> dict[str, Any]:
     """``["max_num_seqs=512", "kv-cache-dtype=fp8"]`` -> ``{"max_num_seqs": 512, "kv_cache_dtype": "fp8"}``."""
     out: dict[str, Any] = {}
@@ -150,8 +172,7 @@ def parse_engine_args(items: list[str]) -> dict[str, Any]:
         key = key.strip().lstrip("-").replace("-", "_")
         if not sep or not key.isidentifier():
             raise ValueError(f"{item!r} is not KEY=VALUE (e.g. max_num_seqs=512)")
-        if key in ("model", "tokenizer", "served_model_name", "logprobs_mode", "trust_remote_code"):
-            raise ValueError(f"{key} is set by spade itself and cannot be passed through")
+        refuse_owned(key, OWNED)
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:

@@ -43,13 +43,27 @@ serve``, or one whose ``/v1/models`` fails) cannot be checked; the manifest says
 request with ``top_k: 1`` tells them apart, since the sampler's (processed) log-prob of the only
 token top-k 1 leaves is exactly 0 while the model's raw one is below 0.
 
+Data-parallel servers. Behind one ``vllm serve --data-parallel-size N`` the engines are balanced
+by load, and each engine has its own prefix cache: an episode whose turns (and whose reasoning and
+answer requests) land on different engines re-reads its whole context on each. vLLM pins a request
+to an engine with the ``X-data-parallel-rank`` header, so every request carries one: its key's
+hash modulo N (``dp_rank``). ``generate(keys=...)`` names the keys (the rollout engine passes the
+episode id, so all of an episode's requests go to one engine and the episodes spread over all of
+them); without keys a prompt's own content is its key. N comes from ``data_parallel_size=`` or
+from the server: ``GET /server_info?config_format=json`` (vLLM's development routes, which ``spade
+serve`` turns on), else the ``engine`` labels of ``GET /metrics``; a server that says neither gets
+no header (N = 1). The manifest records N.
+
     backend = OpenAIBackend("ckpt/tiny", base_url="http://127.0.0.1:8000/v1", concurrency=8)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -57,7 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from spade_cli.backends import GenSample, Sampling, sample_seed
+from spade_cli.backends import GenSample, Sampling, prompt_key, sample_seed
 from spade_cli.core.artifacts import SpadeError
 
 _REJECTED = (400, 404, 415, 422)  # what servers answer to a token-list prompt or unknown fields
@@ -70,10 +84,12 @@ class OpenAIBackend:
     # The server batches whatever requests are in flight, so `spade rollout` lets each episode
     # advance on its own (continuous batching) instead of waiting for the slowest reply of a tick.
     continuous = True
+    routes_by_key = True  # generate(keys=...): one data-parallel engine per key
 
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", api_key: str | None = None,
                  concurrency: int = 8, timeout: float = 600.0, served_model: str | None = None,
-                 token_prompts: bool | None = None, retries: int = 2, **_: Any) -> None:
+                 token_prompts: bool | None = None, retries: int = 2, data_parallel_size: int | None = None,
+                 **_: Any) -> None:
         from transformers import AutoTokenizer
 
         self.model = str(model)
@@ -92,14 +108,39 @@ class OpenAIBackend:
         self._named = served_model is not None
         self._logprobs_mode: str | None = None
         self.server: dict[str, Any] = {"url": self.base_url}
+        self.data_parallel_size = data_parallel_size
+        self._dp_lock = threading.Lock()
 
     # -- what the server serves ---------------------------------------------------------------
 
-    def _get(self, route: str) -> Any:
+    def _get(self, route: str, root: bool = False, raw: bool = False) -> Any:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        req = urllib.request.Request(self.base_url + route, headers=headers)
+        url = (self.base_url.removesuffix("/v1") if root else self.base_url) + route
+        req = urllib.request.Request(url, headers=headers)
         with urllib.request.urlopen(req, timeout=min(self.timeout, 30.0)) as resp:
-            return json.loads(resp.read())
+            body = resp.read(4 << 20)
+        return body.decode("utf-8", "replace") if raw else json.loads(body)
+
+    def dp_size(self) -> int:
+        """The server's data-parallel engines (learned once; 1 when it does not say)."""
+        with self._dp_lock:
+            if self.data_parallel_size is None:
+                self.data_parallel_size = self._learn_dp()
+            return self.data_parallel_size
+
+    def _learn_dp(self) -> int:
+        try:
+            info = self._get("/server_info?config_format=json", root=True)
+            size = info["vllm_config"]["parallel_config"]["data_parallel_size"]
+            if isinstance(size, int) and size >= 1:
+                return size
+        except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+            pass
+        try:  # every engine labels vLLM's metrics with its rank
+            ranks = ENGINE_LABEL.findall(self._get("/metrics", root=True, raw=True))
+        except (OSError, urllib.error.URLError):
+            return 1
+        return max(map(int, ranks)) + 1 if ranks else 1
 
     def check_server(self, accept_foreign: bool = False) -> dict:
         """Refuse a server that does not serve ``model`` (unless ``accept_foreign``); returns what the
@@ -125,7 +166,7 @@ class OpenAIBackend:
         # a link (spade serve's RUN/serve/current) names the checkpoint it points to
         held = os.path.realpath(root) if isinstance(root, str) and Path(root).exists() else root
         self.server = {"url": self.base_url, "served_model": self.served_model, "checkpoint": held,
-                       "verified": verified, "accepted_foreign": False}
+                       "verified": verified, "accepted_foreign": False, "data_parallel_size": self.dp_size()}
         if isinstance(root, str) and not verified:
             if not accept_foreign:
                 raise SpadeError(f"openai backend: {self.base_url} serves the checkpoint {held}, not --model "
@@ -159,10 +200,13 @@ class OpenAIBackend:
 
     # -- HTTP ---------------------------------------------------------------------------------
 
-    def _post(self, body: dict) -> dict:
+    def _post(self, body: dict, key: str | None = None) -> dict:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        size = self.dp_size()
+        if size > 1:  # pin the request to one engine: the one that holds this key's prefix
+            headers["X-data-parallel-rank"] = str(dp_rank(key or prompt_key(body.get("prompt") or []), size))
         req = urllib.request.Request(self.base_url + "/completions", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
         self.requests += 1
@@ -201,14 +245,14 @@ class OpenAIBackend:
     # -- the two wire modes -------------------------------------------------------------------
 
     def _token_request(self, prompt: list[int], n: int, sampling: Sampling,
-                       seed: int | None = None) -> list[GenSample] | None:
+                       seed: int | None = None, key: str | None = None) -> list[GenSample] | None:
         """All n samples of one prompt in token mode; None when the server does not speak it."""
         body = {**self._common(sampling), "prompt": prompt, "n": n, "logprobs": 1, "return_token_ids": True}
         seed = sampling.seed if seed is None else seed
         if seed is not None:
             body["seed"] = seed
         try:
-            answer = self._post(body)
+            answer = self._post(body, key or prompt_key(prompt))
         except _HTTPStatus as exc:
             if exc.status in _REJECTED and self.token_prompts is None:
                 return None
@@ -219,14 +263,14 @@ class OpenAIBackend:
         return [self._from_tokens(c, sampling) for c in choices]
 
     def _text_request(self, prompt: list[int], j: int, sampling: Sampling,
-                      seed: int | None = None) -> GenSample:
+                      seed: int | None = None, key: str | None = None) -> GenSample:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
         body = {**self._common(sampling), "prompt": text}
         if seed is not None:
             body["seed"] = sample_seed(seed, j)
         elif sampling.seed is not None:
             body["seed"] = sampling.seed + j
-        [choice, *_] = self._post(body)["choices"]
+        [choice, *_] = self._post(body, key or prompt_key(prompt))["choices"]
         return self._from_text(choice, sampling)
 
     def _from_tokens(self, choice: dict, sampling: Sampling) -> GenSample:
@@ -265,31 +309,34 @@ class OpenAIBackend:
     # -- Backend interface --------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
-                 seeds: list[int] | None = None) -> list[list[GenSample]]:
+                 seeds: list[int] | None = None, keys: list[str] | None = None) -> list[list[GenSample]]:
         """For every prompt, ``n`` samples; requests run ``concurrency`` at a time. With ``seeds``
-        each prompt's request carries its own seed."""
+        each prompt's request carries its own seed; with ``keys`` the prompts of one key go to one
+        data-parallel engine of the server."""
         self.calls += 1
         if not prompts:
             return []
         seed_of = (lambda i: seeds[i]) if seeds is not None else (lambda i: None)
+        key_of = (lambda i: keys[i]) if keys is not None else (lambda i: None)
         out: list[list[GenSample] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
         if self.token_prompts is None:  # probe once with the first prompt
-            first = self._token_request(list(prompts[0]), n, sampling, seed_of(0))
+            first = self._token_request(list(prompts[0]), n, sampling, seed_of(0), key_of(0))
             self.token_prompts = first is not None
             if first is not None:
                 out[0], todo = first, todo[1:]
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             if self.token_prompts:
-                results = pool.map(lambda i: self._token_request(list(prompts[i]), n, sampling, seed_of(i)), todo)
+                results = pool.map(
+                    lambda i: self._token_request(list(prompts[i]), n, sampling, seed_of(i), key_of(i)), todo)
                 for i, group in zip(todo, results, strict=True):
                     if group is None:
                         raise SpadeError(f"openai backend: {self.base_url} returned no token ids for prompt {i}")
                     out[i] = group
             else:
                 jobs = [(i, j) for i in todo for j in range(n)]
-                samples = list(pool.map(
-                    lambda ij: self._text_request(list(prompts[ij[0]]), ij[1], sampling, seed_of(ij[0])), jobs))
+                samples = list(pool.map(lambda ij: self._text_request(list(prompts[ij[0]]), ij[1], sampling,
+                                                                      seed_of(ij[0]), key_of(ij[0])), jobs))
                 for i in todo:
                     out[i] = samples[:n]
                     samples = samples[n:]
@@ -303,6 +350,16 @@ class _HTTPStatus(SpadeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+# a vLLM metric sample of one engine: vllm:num_requests_running{engine="3",model_name="spade"} 0.0
+ENGINE_LABEL = re.compile(r'^vllm:[^{\s]*\{[^}]*\bengine="(\d+)"', re.MULTILINE)
+
+
+def dp_rank(key: str, size: int) -> int:
+    """The data-parallel engine of ``key`` among ``size``: the same for every request of the key,
+    spread evenly over the engines across keys."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % size
 
 
 def same_checkpoint(a: str, b: str) -> bool:

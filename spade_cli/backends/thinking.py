@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spade_cli.backends import GenSample, Sampling, sample_seed
+from spade_cli.backends import GenSample, Sampling, keyed, prompt_key, sample_seed
 
 OVERFLOW = ("close", "end")
 
@@ -79,13 +79,16 @@ def _phase2_seed(seed: int, j: int) -> int:
 
 
 def generate_thinking(backend: Any, prompts: list[list[int]], n: int, sampling: Sampling, think: Thinking,
-                      seeds: list[int] | None = None) -> list[list[GenSample]]:
-    """For every prompt, ``n`` replies generated in two phases (see the module docstring)."""
+                      seeds: list[int] | None = None, keys: list[str] | None = None) -> list[list[GenSample]]:
+    """For every prompt, ``n`` replies generated in two phases (see the module docstring); ``keys``
+    route a prompt's requests of both phases alike (``spade_cli.backends.keyed``)."""
     if think.close_id < 0:
         raise ValueError("Thinking.bind(tokenizer) first")
     p1 = replace(sampling, max_tokens=think.think_tokens,
                  stop_token_ids=tuple(sampling.stop_token_ids) + (think.close_id,))
-    first = backend.generate(prompts, n, p1, seeds=seeds)
+    if keys is None and getattr(backend, "routes_by_key", False):
+        keys = [prompt_key(p) for p in prompts]  # the answer goes where its reasoning's prefix is cached
+    first = backend.generate(prompts, n, p1, seeds=seeds, **keyed(backend, keys))
     plans: list[list[dict]] = []
     todo: dict[int, list[tuple[int, int, list[int], int | None]]] = {}  # budget -> (i, j, ids, seed)
     for i, (prompt, group) in enumerate(zip(prompts, first, strict=True)):
@@ -115,7 +118,8 @@ def generate_thinking(backend: Any, prompts: list[list[int]], n: int, sampling: 
     for budget, jobs in todo.items():
         p2 = replace(sampling, max_tokens=budget)
         outs = backend.generate([ids for _, _, ids, _ in jobs], 1, p2,
-                                seeds=[s for *_, s in jobs] if seeds is not None else None)
+                                seeds=[s for *_, s in jobs] if seeds is not None else None,
+                                **keyed(backend, None if keys is None else [keys[i] for i, *_ in jobs]))
         for (i, j, _, _), [s2] in zip(jobs, outs, strict=True):
             plans[i][j]["s2"] = s2
     return [[_join(p, think) for p in row] for row in plans]
@@ -147,8 +151,8 @@ class ThinkingBackend:
         return getattr(self.backend, name)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling,
-                 seeds: list[int] | None = None) -> list[list[GenSample]]:
-        return generate_thinking(self.backend, prompts, n, sampling, self.think, seeds=seeds)
+                 seeds: list[int] | None = None, keys: list[str] | None = None) -> list[list[GenSample]]:
+        return generate_thinking(self.backend, prompts, n, sampling, self.think, seeds=seeds, keys=keys)
 
 
 def unanswered(sample: GenSample) -> bool:

@@ -123,7 +123,8 @@ def rollout(
         "chat template does).", rich_help_panel=GEN)] = "auto",
     max_concurrent: Annotated[int, typer.Option(
         "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "
-        "model.generate); with continuous batching, the requests in flight.", rich_help_panel=GEN)] = 256,
+        "model.generate); with continuous batching, the requests in flight. The default holds the 384 "
+        "episodes of one iteration (24 envs x 8 pairs x 2).", rich_help_panel=GEN)] = 512,
     batching: Annotated[Literal["auto", "lockstep", "continuous"], typer.Option(
         "--batching", help="lockstep (one batched generate call per turn) or continuous (each "
         "episode advances on its own); auto: continuous for openai.", rich_help_panel=GEN)] = "auto",

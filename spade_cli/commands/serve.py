@@ -33,7 +33,7 @@ def serve(
     action: Annotated[str | None, typer.Option("--do", help="Instead of serving a checkpoint: sleep (release "
                                                "GPU memory), wake-up, stop or status.")] = None,
     level: Annotated[int, typer.Option("--level", min=1, max=2, help="Sleep level: 1 keeps the weights in "
-                                       "CPU memory, 2 drops them (a checkpoint load follows).")] = 1,
+                                       "CPU memory, 2 drops them (the wake reads them again).")] = 1,
     host: Annotated[str, typer.Option("--host", help="Address the server listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port the server listens on.")] = 8000,
     dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype of the engine.")] = "bfloat16",
@@ -78,6 +78,10 @@ def serve(
         return
     opts = EngineOptions.from_cli(tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len,
                                   enable_prefix_caching, enforce_eager, engine_arg)
+    try:
+        stage.check_engine_args(opts.engine_args)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--engine-arg") from None
     summary = stage.run(model, run_dir, opts, host=host, port=port, dtype=dtype, python=python,
                         sleep_mode=sleep_mode, wait_s=wait, dry_run=dry_run, iteration=iteration,
                         server_name=server)

@@ -32,7 +32,8 @@ class PlayConfig:
     think_context: str = "auto"  # keep | drop | auto: earlier reasoning in the context or not
     error_return: float = 0.0
     quarantine_after: int = 3
-    max_concurrent: int = 256
+    # every episode of one iteration of the paper's loop (24 envs x 8 pairs x 2 = 384) at once, with room
+    max_concurrent: int = 512
     env_threads: int = 8
     seed: int = 0
 

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from spade_cli.backends import Sampling, render_chat
+from spade_cli.backends import Sampling, keyed, render_chat
 from spade_cli.backends.thinking import Thinking, answer_only, generate_thinking, resolve_think_context
 from spade_cli.core.artifacts import SpadeError
 from spade_cli.core.records import Rollout
@@ -373,10 +373,11 @@ class Engine:
         """One reply per episode, in one backend call (two with reasoning budgets)."""
         prompts = [ep.gen_prompt() for ep in eps]
         seeds = [turn_seed(ep.spec.episode_id, len(ep.turns)) for ep in eps]
+        keys = [ep.spec.episode_id for ep in eps]  # an episode's turns to one engine, which holds its prefix
         if self.thinking is not None:
-            outs = generate_thinking(self.backend, prompts, 1, self.sampling, self.thinking, seeds=seeds)
+            outs = generate_thinking(self.backend, prompts, 1, self.sampling, self.thinking, seeds=seeds, keys=keys)
         else:
-            outs = self.backend.generate(prompts, 1, self.sampling, seeds=seeds)
+            outs = self.backend.generate(prompts, 1, self.sampling, seeds=seeds, **keyed(self.backend, keys))
         return [group[0] for group in outs]
 
     def _absorb(self, ep: Episode, sample: Any) -> None:

@@ -14,8 +14,10 @@
 #   # PIPELINE=1 (docs/pipeline.md): the design, rollout array and regret of iteration i+1 run with
 #   # checkpoint i while the update job of iteration i trains; update(i+1) trains on samples one update old
 #   # ENGINE=serve: one `spade serve` fleet for the whole run (below); SERVE_ARGS are its engine flags
+#   # (every node's engines: tensor parallel 1 and data parallel over its GPUs; Qwen3-30B-A3B:
+#   # SERVE_ARGS="--tensor-parallel-size 2", or TP=2 for the per-iteration vllm fleet)
 #   ENGINE=serve MODEL=/ckpts/Qwen3-8B RUN=runs/big ITERS=400 SHARDS=16 SERVE_NODES=4 \
-#     SERVE_ARGS="--tensor-parallel-size 8" FLEET_ARGS=--time=7-00:00:00 bash recipes/slurm/multi_node/driver.sh
+#     FLEET_ARGS=--time=7-00:00:00 bash recipes/slurm/multi_node/driver.sh
 #
 # The artifacts and the stage flags are those of recipes/loop.sh (the same layout, from
 # `spade paths --shell`; the memory by iteration; the same knobs), so a run may move between the two.
@@ -49,7 +51,7 @@ N_ENVS="${N_ENVS:-24}"; GROUP="${GROUP:-4}"
 SHARDS="${SHARDS:-16}"; SERVE="${SERVE:-1}"; SERVE_NODES="${SERVE_NODES:-4}"; UPDATE_NODES="${UPDATE_NODES:-2}"
 BACKEND="${BACKEND:-vllm}"               # design and eval, on one GPU each
 export ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-openai}"  # openai: the fleet of serve.sbatch (SERVE=1)
-# the fleet's server, read by serve.sbatch: vllm (GPUs) or transformers; SERVE_HOST, SERVE_ARGS, TP
+# the fleet's server, read by serve.sbatch: vllm (GPUs) or transformers; SERVE_HOST, SERVE_ARGS, TP (1; 2 at 30B-A3B)
 export SERVER="${SERVER:-vllm}"
 CORPUS="${CORPUS:-}"; GROUNDING="${GROUNDING:-1}"; MEMORY="${MEMORY:-1}"; SIGNAL="${SIGNAL:-regret}"
 REPLAY="${REPLAY:-0}"; POOL="${POOL:-}"; FROZEN_DESIGNER="${FROZEN_DESIGNER:-0}"

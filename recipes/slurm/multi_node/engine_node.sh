@@ -17,7 +17,8 @@
 #
 # SERVE_HOST (default 0.0.0.0: reachable from the other nodes, reported by hostname), PORT (default:
 # a free one, picked once, so a restarted engine keeps the address), SERVE_ARGS (spade serve's
-# engine flags, e.g. --tensor-parallel-size 8), SERVE_WAIT_S (spade serve --wait).
+# engine flags, e.g. --tensor-parallel-size 2 for Qwen3-30B-A3B; the default is tensor parallel 1,
+# data parallel over the node's GPUs), SERVE_WAIT_S (spade serve --wait).
 set -euo pipefail
 RUN="${RUN:?}"; REQUESTS="${FLEET_DIR:?}"; READY="${SERVE_READY_DIR:?}"
 SERVE_HOST="${SERVE_HOST:-0.0.0.0}"; SERVE_WAIT_S="${SERVE_WAIT_S:-1800}"; SERVE_ARGS="${SERVE_ARGS:-}"

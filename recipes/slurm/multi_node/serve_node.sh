@@ -6,7 +6,9 @@
 #
 # SERVE_HOST: the address the server listens on (default 0.0.0.0, reachable from the rollout nodes;
 # the report then names the node by hostname); PORT fixes the port (default: a free one, picked here,
-# so two fleets on one node never collide); TP: vLLM's tensor parallelism (default 8, a node);
+# so two fleets on one node never collide); TP: GPUs an engine (default 1, for Qwen3-4B and 8B; 2 for
+# Qwen3-30B-A3B), with data parallel over the node's GPUs (NGPU, default the job's) by TP; the
+# rollout shards pin each episode to one engine (X-data-parallel-rank), whose prefix cache holds it;
 # SERVE_ARGS: added to the server's command line.
 set -euo pipefail
 CKPT="${CKPT:?}"; SERVER="${SERVER:-vllm}"; READY="${SERVE_READY_DIR:?}"
@@ -14,9 +16,11 @@ SERVE_HOST="${SERVE_HOST:-0.0.0.0}"; SERVE_WAIT_S="${SERVE_WAIT_S:-1800}"; SERVE
 port="${PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
 addr="$SERVE_HOST"
 [[ "$addr" == 0.0.0.0 || "$addr" == "::" ]] && addr="$(hostname)"
+TP="${TP:-1}"; NGPU="${NGPU:-${SLURM_GPUS_ON_NODE:-8}}"
+DP=$((NGPU / TP > 0 ? NGPU / TP : 1))
 case "$SERVER" in
-  vllm) cmd=(vllm serve "$CKPT" --host "$SERVE_HOST" --port "$port" --tensor-parallel-size "${TP:-8}"
-             --dtype bfloat16 --logprobs-mode processed_logprobs --max-logprobs 1 --enable-prefix-caching) ;;
+  vllm) cmd=(vllm serve "$CKPT" --host "$SERVE_HOST" --port "$port" --tensor-parallel-size "$TP"
+             --data-parallel-size "$DP" --dtype bfloat16 --logprobs-mode processed_logprobs --max-logprobs 1) ;;
   # the positional model pins the server: it answers for that name only, and loads it at start
   transformers) cmd=(transformers serve "$CKPT" --host "$SERVE_HOST" --port "$port") ;;
   *) echo "SERVER=$SERVER: choose vllm or transformers" >&2; exit 2 ;;
