@@ -8,11 +8,11 @@ import types
 
 import pytest
 
+from spade_cli.core.records import Design
 from spade_cli.designer import prompts, space
 from spade_cli.envs import pool, solvers
 from spade_cli.evaluation import cells
 from stages.validate import duplicates
-from spade_cli.core.records import Design
 from tests.conftest import run_spade
 
 
