@@ -317,3 +317,35 @@ def test_raw_surrogate_bytes_are_refused_and_a_pair_is_text(tmp_path: Path) -> N
     # a writer never produces one: a surrogate in memory is written as U+FFFD, valid UTF-8
     line = dumps({"a": "x\ud800y", "b": "\u00e9"})
     assert line == '{"a":"x\ufffdy","b":"\u00e9"}' and json_line("f", 1, line.encode()) == json.loads(line)
+
+
+# -- counts that size memory: refused before anything is laid out ----------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["rollout", "--model", "{d}/model", "--envs", "{d}/validated.jsonl", "--budget-pairs", "1000000000000"],
+     r"--budget-pairs 1000000000000 over 1 env\(s\) would lay out 2,000,000,000,000 episodes in this process, "
+     r"more than 1,000,000: .*--shard I/N"),
+    (["rollout", "--model", "{d}/model", "--envs", "{d}/validated.jsonl", "--k", "100000000000"],
+     r"--k 100000000000 would lay out 200,000,000,000 episodes"),
+    (["eval", "--model", "{d}/model", "--tasks", "envs:{d}/validated.jsonl", "--k", "100000000000"],
+     r"--k 100000000000 would lay out 200,000,000,000 episodes"),
+    (["eval", "--model", "{d}/model", "--tasks", "rg:leg_counting:4", "--samples", "100000000000"],
+     r"--samples 100000000000 would lay out 100,000,000,000 samples of one item"),
+    (["design", "--pool", "{d}/pool.jsonl", "--n", "100000000000"], r"--n 100000000000 would lay out"),
+    (["warmstart", "--model", "{d}/model", "--pool", "{d}/pool.jsonl", "--epochs", "100000000000"],
+     r"--epochs 100000000000 over 1 env\(s\) and --solver-seeds 0 over 0 would lay out 100,000,000,000 samples"),
+])
+def test_a_count_too_large_for_memory_is_a_usage_error(d: Path, argv: list[str], message: str) -> None:
+    """Under an address-space limit, so that a count that did allocate fails here, not on the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import WIDE
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    out = d / "out"
+    res = subprocess.run([sys.executable, "-m", "spade_cli", *(a.format(d=d) for a in argv), "--out", str(out)],
+                         capture_output=True, text=True, env={**os.environ, **WIDE}, preexec_fn=limit, timeout=120)
+    _refused(res, 2, message, out)

@@ -45,6 +45,27 @@ class OutputError(SpadeError):
     exit_code = 2
 
 
+class UsageError(SpadeError):
+    """An option value a stage cannot honour, found once its inputs are read: a usage error, exit 2."""
+
+    exit_code = 2
+
+
+# The most rows one stage process lays out before it starts (a rollout's episodes, a design's
+# designs, a warm start's samples) and holds until it publishes: a slip of the finger
+# (``--budget-pairs 1000000000000``) is refused at once instead of allocating until the machine runs
+# out of memory. A million is far beyond one iteration of the paper (a few thousand episodes);
+# ``--shard`` spreads more over several processes.
+MAX_ROWS = 1_000_000
+
+
+def check_rows(rows: int, what: str, noun: str, fix: str) -> None:
+    """Refuse ``rows`` over ``MAX_ROWS``: ``what`` says which options gave them, ``fix`` how to do less."""
+    if rows > MAX_ROWS:
+        raise UsageError(f"{what} would lay out {rows:,} {noun} in this process, more than {MAX_ROWS:,}: each "
+                         f"is held in memory until the output is published; {fix}")
+
+
 def _same(a: Path, b: Path) -> bool:
     """One file under two names: equal after resolving symlinks and ``./``, or a hard link."""
     if a.resolve() == b.resolve():
