@@ -91,6 +91,15 @@ def test_validate_on_a_full_disk_names_the_file_and_resumes(tmp_path: Path, smal
 
 
 @pytest.mark.integration
+def test_a_disk_already_full_names_the_lock_and_leaves_none(tmp_path: Path, small_fs: Path) -> None:
+    _fill(small_fs, 0)
+    out = small_fs / "validated.jsonl"
+    res = run_spade("validate", "--designs", _designs(tmp_path / "designs.jsonl"), "--out", out)
+    _one_line(res, rf"error: {re.escape(str(out))}\.lock: No space left on device \(ENOSPC\)")
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]
+
+
+@pytest.mark.integration
 def test_update_on_a_full_disk_is_one_line_and_the_rerun_completes(tiny_model: Path, tmp_path: Path,
                                                                    small_fs: Path) -> None:
     from tests.test_update import make_artifacts
