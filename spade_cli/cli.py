@@ -11,6 +11,7 @@ Exit codes (docs/architecture.md, 'Command conventions'): 0 success, 2 usage err
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import json
@@ -22,6 +23,7 @@ from typing import Annotated, Any, Literal
 import typer
 import typer.rich_utils
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 console = Console(stderr=True, highlight=False)
@@ -88,9 +90,18 @@ def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | N
     import yaml
 
     try:
-        data = yaml.safe_load(value.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(f"cannot read {value}: {exc}") from None
+        raw = value.read_bytes()
+        data = yaml.load(raw.decode("utf-8"), _unique_key_loader()) or {}
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {value}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise typer.BadParameter(f"{value}:{line}: not UTF-8 text (byte {exc.start}); a config file is a "
+                                 "YAML mapping of option names to values") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{value}:{mark.line + 1}" if mark else str(value)
+        raise typer.BadParameter(f"{where}: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value} must hold a flat mapping of option names to values")
     keys, old = config_keys(ctx.command)
@@ -117,6 +128,28 @@ def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | N
                       f"deprecated; use {old[key]}:", soft_wrap=True)
     ctx.default_map = {**(ctx.default_map or {}), **mapped}
     return value
+
+
+def _unique_key_loader() -> type:
+    """A YAML SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, list | dict):
+                    continue  # an unhashable key: SafeLoader's own error names it
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice (lines {seen[key]} and {line}); give it once",
+                        key_node.start_mark)
+                seen[key] = line
+            return super().construct_mapping(node, deep)
+
+    return Loader
 
 
 ConfigOpt = Annotated[
@@ -301,10 +334,11 @@ def emit(summary: dict) -> None:
 
 
 def command(fn: Callable) -> Callable:
-    """Turn a SpadeError (or a broken pipe) into a one-line message and exit 1 (2 for usage, 75 for
-    SIGTERM), never a traceback."""
+    """Turn a SpadeError or an OSError (disk full, permission denied, a file gone: ``os_error_of``)
+    into a one-line message and exit 1 (2 for usage, 75 for SIGTERM), never a traceback. Any
+    other exception is a bug and keeps its traceback."""
     from spade_cli.core import locks, preempt
-    from spade_cli.core.artifacts import SpadeError
+    from spade_cli.core.errors import SpadeError, describe_os_error, os_error_of
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -314,13 +348,17 @@ def command(fn: Callable) -> Callable:
         except SpadeError as exc:
             console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None  # OutputError: usage, 2
-        except OSError as exc:
-            if "huggingface.co" not in str(exc):
-                raise
-            # a hub id that could not be fetched (no network, no such repo): the loader's message
-            model = f"--model {kwargs['model']}: " if kwargs.get("model") else ""
-            console.print(f"[bold red]error:[/] {model}{' '.join(str(exc).split())} (local files only: "
-                          "HF_HUB_OFFLINE=1)", soft_wrap=True)
+        except Exception as exc:  # noqa: BLE001  (only an OSError, or a saver's stand-in for one, is handled)
+            err = os_error_of(exc, kwargs.get("out"))
+            if err is None or err.errno == errno.EPIPE:
+                raise  # a bug keeps its traceback; stdout closed by `| head`: click exits quietly
+            if "huggingface.co" in str(err):
+                # a hub id that could not be fetched (no network, no such repo): the loader's message
+                model = f"--model {kwargs['model']}: " if kwargs.get("model") else ""
+                console.print(f"[bold red]error:[/] {model}{' '.join(str(err).split())} (local files only: "
+                              "HF_HUB_OFFLINE=1)", soft_wrap=True)
+            else:  # disk full, permission denied, a file gone: the path and the system's words
+                console.print(f"[bold red]error:[/] {escape(describe_os_error(err))}", soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; rerun the same command to resume[/]")

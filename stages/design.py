@@ -46,6 +46,7 @@ from spade_cli.core.artifacts import (
     later_defaults_dropped,
     read_records,
 )
+from spade_cli.core.errors import check_rows
 from spade_cli.core.records import FAILED_PREFIX, Design, failed_design_id  # noqa: F401  (FAILED_PREFIX: re-exported)
 from spade_cli.designer import corpus as corpus_mod
 from spade_cli.designer import prompts
@@ -163,6 +164,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
 
     if n < 1 or group < 1 or (pool is None and n % group):
         raise ValueError(f"--n ({n}) must be a positive multiple of --group ({group})")
+    check_rows(n, f"--n {n}", "designs", "lower it, and write more designs in several runs")
     if pool is None and not model and isinstance(backend, str):
         raise ValueError("pass --model (a Designer checkpoint) or --pool (a fixed environment pool)")
     if config is None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.core.artifacts import InputError, SpadeError, Stage, expand_inputs, read_records, read_rows
+from spade_cli.core.errors import check_rows
 from spade_cli.core.records import Eval, parse
 from spade_cli.evaluation.evaluators import (
     PAPER_PRESET,
@@ -215,6 +216,8 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         check_thinking(tasks, think_tokens, think_overflow)
     except ValueError as exc:
         raise SpadeError(str(exc)) from None
+    check_rows(samples, f"--samples {samples}", "samples of one item", "lower it")  # one generate call
+    check_rows(2 * k, f"--k {k}", "episodes", "lower it")  # envs: tasks, checked again over the suite by rollout
     out = Path(out)
     inputs: dict[str, list[str | Path]] = {}
     if Path(model).is_dir():

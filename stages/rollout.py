@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from spade_cli.core.artifacts import InputError, SpadeError, Stage, expand_inputs, read_rows
+from spade_cli.core.errors import check_rows
 from spade_cli.core.layout import parse_shard
 from spade_cli.core.records import ERROR_RETURN_RANGE, Validation
 from spade_cli.rollout.episodes import (
@@ -149,6 +150,7 @@ def run(
     paths = expand_inputs(envs)
     if budget is not None and budget < 1:
         raise ValueError("--budget-pairs must be at least 1")
+    check_rows(2 * k, f"--k {k}", "episodes", "lower it")  # even one env: refused before the inputs are read
     config = {"model": str(model), "k": k, "budget_pairs": budget, "iteration": iteration, "seed": seed, "backend": backend,
               "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier, "batching": batching,
               "scratch_mb": scratch_mb,
@@ -162,6 +164,9 @@ def run(
 
     env_map, counts = load_envs(paths, shard_t)
     pairs = budget_pairs(list(counts.pop("all_valid")), budget) if budget is not None else k
+    episodes = 2 * (sum(pairs.get(e, 0) for e in env_map) if isinstance(pairs, dict) else k * len(env_map))
+    check_rows(episodes, f"{'--budget-pairs ' + str(budget) if budget is not None else '--k ' + str(k)} "
+               f"over {len(env_map)} env(s)", "episodes", "lower it, or split the envs over processes with --shard I/N")
     specs = episode_specs(list(env_map), pairs, seed, iteration, seed_key(counts.pop("key")))
     done_rows = stage.resume()
     done = {r.get("episode_id") for r in done_rows}

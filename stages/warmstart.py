@@ -124,6 +124,7 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
     is where those envs come from, so the Designer and the Agent can learn from different pools.
     ``contract`` is the Designer prompt's system message (``spade design --contract``)."""
     from spade_cli.core.artifacts import SpadeError, Stage, later_defaults_dropped
+    from spade_cli.core.errors import check_rows
 
     envs = pick_envs(pool, max_examples)
     if not envs:
@@ -135,6 +136,9 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         raise SpadeError("nothing to train: epochs (Designer) and agent_episodes (Agent) are both 0")
     # The Agent's pool is read here too, before any model loads: a bad pool file is refused at once.
     agent_envs = load_envs(agent_pool or pool) if agent_episodes else []
+    check_rows(epochs * len(envs) + agent_episodes * len(agent_envs),
+               f"--epochs {epochs} over {len(envs)} env(s) and --solver-seeds {agent_episodes} over {len(agent_envs)}",
+               "samples", "lower them")
     # resolved_config already left the later-added options at their defaults out of a CLI config
     config = config or later_defaults_dropped({
         "model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,

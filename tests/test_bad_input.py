@@ -264,3 +264,88 @@ def test_a_model_check_keeps_what_can_load(tmp_path: Path, monkeypatch: pytest.M
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     assert check_model("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"  # online: the hub's to answer
+
+
+# -- --config files: exit 2 naming the file and line ---------------------------------------------------
+@pytest.mark.parametrize("content, message", [
+    (b"designs: designs.jsonl\nout: a.jsonl\nout: b.jsonl\n",
+     r"{cfg}:3: the key 'out' is given twice \(lines 2 and 3\); give it once"),
+    (b"designs: designs.jsonl\nout: a.jsonl\n" + bytes(range(128, 256)),
+     r"{cfg}:3: not UTF-8 text \(byte 36\); a config file is a YAML mapping"),
+    (b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe", r"{cfg}:1: not UTF-8 text \(byte 9\)"),
+    (b"out: [a.jsonl\n", r"{cfg}:2: expected ',' or '\]'"),
+])
+def test_a_bad_config_file_is_a_usage_error_naming_file_and_line(d: Path, content: bytes, message: str) -> None:
+    cfg = d / "c.yaml"
+    cfg.write_bytes(content)
+    res = run_spade("validate", "--designs", d / "designs.jsonl", "--out", d / "out.jsonl", "--config", cfg, cwd=d)
+    _refused(res, 2, message.format(cfg=re.escape(str(cfg))), d / "out.jsonl")
+    assert not (d / "a.jsonl").exists() and not (d / "b.jsonl").exists()
+
+
+# -- a lone surrogate: a bad row naming file and line, on every reader path ---------------------------------
+def _with_surrogate(row: dict, field: str) -> str:
+    """The row as JSON whose ``field`` ends in the escape \\ud800 with no low half after it."""
+    return json.dumps({**row, field: "x"}).replace(f'"{field}": "x"', f'"{field}": "x\\ud800"')
+
+
+@pytest.mark.parametrize("stage, role, field", [
+    ("validate", "designs", "hint"),
+    ("rollout", "validated", "code"),
+    ("regret", "rollouts", "episode_id"),  # msgspec's fast path refuses it; the fallback must too
+    ("regret", "validated", "hint"),
+    ("update", "rollouts", "episode_id"),
+])
+def test_a_lone_surrogate_is_a_bad_row(d: Path, stage: str, role: str, field: str) -> None:
+    good = {"designs": d / "designs.jsonl", "validated": d / "validated.jsonl", "rollouts": d / "rollouts.jsonl"}[role]
+    first, *rest = good.read_text().splitlines()
+    path = d / f"{role}-bad.jsonl"
+    path.write_text("\n".join([first, _with_surrogate(json.loads((rest or [first])[0]), field)]) + "\n")
+    out = d / ("ckpt" if stage == "update" else "out.jsonl")
+    _refused(run_spade(*_argv(stage, d, out, **{role: path})), 1,
+             rf"{re.escape(str(path))}:2: field '{field}' holds a lone surrogate", out)
+
+
+def test_raw_surrogate_bytes_are_refused_and_a_pair_is_text(tmp_path: Path) -> None:
+    from spade_cli.core.artifacts import InputError, dumps, json_line
+
+    with pytest.raises(InputError, match=r"f:4: field 'a\[1\].b' holds a lone surrogate"):
+        json_line("f", 4, b'{"a": [1, {"b": "\xed\xa0\x80"}]}')  # its UTF-8 bytes, not an escape
+    with pytest.raises(InputError, match="f:1: a key holds a lone surrogate"):
+        json_line("f", 1, b'{"\\udc00": 1}')
+    assert json_line("f", 1, b'{"a": "\\ud83d\\ude00 \\u00e9"}') == {"a": "\U0001F600 \u00e9"}  # a pair is one char
+    # a writer never produces one: a surrogate in memory is written as U+FFFD, valid UTF-8
+    line = dumps({"a": "x\ud800y", "b": "\u00e9"})
+    assert line == '{"a":"x\ufffdy","b":"\u00e9"}' and json_line("f", 1, line.encode()) == json.loads(line)
+
+
+# -- counts that size memory: refused before anything is laid out ----------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["rollout", "--model", "{d}/model", "--envs", "{d}/validated.jsonl", "--budget-pairs", "1000000000000"],
+     r"--budget-pairs 1000000000000 over 1 env\(s\) would lay out 2,000,000,000,000 episodes in this process, "
+     r"more than 1,000,000: .*--shard I/N"),
+    (["rollout", "--model", "{d}/model", "--envs", "{d}/validated.jsonl", "--k", "100000000000"],
+     r"--k 100000000000 would lay out 200,000,000,000 episodes"),
+    (["eval", "--model", "{d}/model", "--tasks", "envs:{d}/validated.jsonl", "--k", "100000000000"],
+     r"--k 100000000000 would lay out 200,000,000,000 episodes"),
+    (["eval", "--model", "{d}/model", "--tasks", "rg:leg_counting:4", "--samples", "100000000000"],
+     r"--samples 100000000000 would lay out 100,000,000,000 samples of one item"),
+    (["design", "--pool", "{d}/pool.jsonl", "--n", "100000000000"], r"--n 100000000000 would lay out"),
+    (["warmstart", "--model", "{d}/model", "--pool", "{d}/pool.jsonl", "--epochs", "100000000000"],
+     r"--epochs 100000000000 over 1 env\(s\) and --solver-seeds 0 over 0 would lay out 100,000,000,000 samples"),
+])
+def test_a_count_too_large_for_memory_is_a_usage_error(d: Path, argv: list[str], message: str) -> None:
+    """Under an address-space limit, so that a count that did allocate fails here, not on the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import WIDE
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    out = d / "out"
+    res = subprocess.run([sys.executable, "-m", "spade_cli", *(a.format(d=d) for a in argv), "--out", str(out)],
+                         capture_output=True, text=True, env={**os.environ, **WIDE}, preexec_fn=limit, timeout=120)
+    _refused(res, 2, message, out)

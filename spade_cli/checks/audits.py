@@ -25,6 +25,7 @@ replayed as fixed actions rarely solves another seed, since the observations dif
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 import msgspec
@@ -115,7 +116,19 @@ def seed_invariance(solutions: dict[str, tuple[str, list[str]]], pool, *, run_se
     return out
 
 
-FILLERS = ("x", "q")  # every non-space character of the replies becomes one of these, in turn
+# Every non-space character of the replies becomes one filler, then another: the first two of
+# these that the episode's replies do not hold, so that each replaced character changes. With fixed
+# ones, replies made only of `x` (a length rule's answer `xxxxxxxxxxxx`) stayed as they were, and
+# an episode that proves nothing was not judged, so such a reward kept its pay.
+FILLERS = "xqzjkvwXQZJKVW0123456789#%&*+=@^~"
+
+
+def fillers(actions: list[str], n: int = 2) -> list[str]:
+    """The first ``n`` fillers absent from every reply (past the list: other printable characters)."""
+    used = set("".join(actions))
+    spare = (c for c in itertools.chain(FILLERS, map(chr, itertools.count(0xA1)))
+             if c not in used and c.isprintable() and not c.isspace())
+    return list(itertools.islice(spare, n))
 
 
 def content_free(actions: list[str], fill: str) -> list[str]:
@@ -127,14 +140,15 @@ def form_only(solutions: dict[str, tuple[str, int, list[str]]], pool) -> dict[st
     """Per env: does its best hinted episode, replayed on its own seed with every reply's content
     replaced by filler of the same form (``content_free``), still solve it, for both fillers? Then
     the reward reads only the reply's form (a length, a line count that the hint states as a rule
-    over what the observation shows), and the env is ``format_only``. Replies the filler leaves
-    unchanged prove nothing, so such an episode is not judged."""
+    over what the observation shows), and the env is ``format_only``. The fillers are characters
+    the replies do not hold (``fillers``), so only replies without content (spaces or nothing)
+    stay unchanged; they prove nothing, and such an episode is not judged."""
     from spade_cli.sandbox import EnvError
 
     out: dict[str, dict] = {}
     for env_id, (code, seed, actions) in sorted(solutions.items()):
         tag = hashlib.sha256(env_id.encode()).hexdigest()[:8]
-        fills = [content_free(actions, f) for f in FILLERS]
+        fills = [content_free(actions, f) for f in fillers(actions)]
         if any(f == actions for f in fills):
             continue
         solved, error = 0, None

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +47,7 @@ from spade_cli.core.errors import (  # noqa: F401  (re-exported: stages import t
     SpadeError,
     check_output,
     expand_inputs,
+    naming,
     open_input,
 )
 from spade_cli.core.locks import describe
@@ -53,12 +55,39 @@ from spade_cli.core.records import Record, SchemaError, parse, to_row
 
 
 def json_line(path: str | Path, lineno: int, raw: bytes) -> Any:
-    """Decode one JSONL line; a bad one is an InputError naming the file and line."""
+    """Decode one JSONL line; a bad one is an InputError naming the file and line.
+
+    A lone UTF-16 surrogate (the escape ``\\ud800`` without its pair, or its raw bytes, which
+    ``json.loads`` lets through) is no text: it would pass here and fail later, as an encode
+    error far from its file, where it is written or sent to an env or a tokenizer. msgspec refuses
+    such a row outright, so this keeps its fallback readers in step with it."""
     try:
-        return json.loads(raw)
+        row = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise InputError(path, lineno, f"not valid JSON ({why})") from None
+    if (b"\\u" in raw or b"\xed" in raw) and (where := _surrogate(row)):
+        raise InputError(path, lineno, f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), "
+                                       "which is not text")
+    return row
+
+
+def _surrogate(value: Any, at: str = "") -> str | None:
+    """Where a lone surrogate sits in a decoded row: ``field 'a.b'``, ``a key``, or None."""
+    if isinstance(value, str):
+        return None if value.isascii() or not _SURROGATE.search(value) else f"field {at or 'value'!r}"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if _SURROGATE.search(k):
+                return f"a key of {at!r}" if at else "a key"
+            if found := _surrogate(v, f"{at}.{k}" if at else k):
+                return found
+    elif isinstance(value, list):
+        return next(filter(None, (_surrogate(v, f"{at}[{i}]") for i, v in enumerate(value))), None)
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def read_rows(paths: str | Path | Iterable[str | Path], expect: str | tuple[str, ...] | None = None,
@@ -82,9 +111,12 @@ def read_records(paths: str | Path | Iterable[str | Path], expect: str | tuple[s
 
 
 def dumps(row: dict | Record) -> str:
+    """One JSONL line. A lone surrogate (text a library decoded with ``surrogateescape``) becomes
+    U+FFFD: written raw it fails the UTF-8 encode mid-stage, escaped it is a row readers refuse."""
     if not isinstance(row, dict):
         row = to_row(row)
-    return json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text if text.isascii() or not _SURROGATE.search(text) else _SURROGATE.sub("\ufffd", text)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -106,7 +138,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
+        with naming(path), open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -365,7 +397,7 @@ class Stage:
 
     def _commit(self, rows_written: int, summary: dict | None) -> dict:
         if self.partial.exists():
-            with open(self.partial, "rb") as fh:
+            with naming(self.partial), open(self.partial, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(self.partial, self.out)
             _fsync_dir(self.out.parent)
@@ -411,18 +443,24 @@ class PartialWriter:
 
     def write(self, row: dict | Record) -> None:
         preempt.boundary()  # after a SIGTERM: stop here, before a row that may postdate it
-        self.fh.write(dumps(row) + "\n")
-        self.fh.flush()
-        self.n += 1
-        if self.n % self.sync_every == 0:
-            os.fsync(self.fh.fileno())
+        with naming(self.path):
+            self.fh.write(dumps(row) + "\n")
+            self.fh.flush()
+            self.n += 1
+            if self.n % self.sync_every == 0:
+                os.fsync(self.fh.fileno())
 
     def close(self) -> None:
         if not self.fh.closed:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self.fh.close()
-            preempt.writer_closed()
+            with naming(self.path):
+                try:
+                    self.fh.flush()
+                    os.fsync(self.fh.fileno())
+                finally:  # a full disk must not leave the file open nor the SIGTERM guard held
+                    try:
+                        self.fh.close()
+                    finally:
+                        preempt.writer_closed()
 
     def __enter__(self) -> PartialWriter:
         return self

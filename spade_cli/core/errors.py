@@ -13,10 +13,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Iterable
+import traceback
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,6 +43,27 @@ class OutputError(SpadeError):
     """An output path that cannot or must not be written: a usage error, exit 2 (docs/architecture.md, 'Command conventions')."""
 
     exit_code = 2
+
+
+class UsageError(SpadeError):
+    """An option value a stage cannot honour, found once its inputs are read: a usage error, exit 2."""
+
+    exit_code = 2
+
+
+# The most rows one stage process lays out before it starts (a rollout's episodes, a design's
+# designs, a warm start's samples) and holds until it publishes: a slip of the finger
+# (``--budget-pairs 1000000000000``) is refused at once instead of allocating until the machine runs
+# out of memory. A million is far beyond one iteration of the paper (a few thousand episodes);
+# ``--shard`` spreads more over several processes.
+MAX_ROWS = 1_000_000
+
+
+def check_rows(rows: int, what: str, noun: str, fix: str) -> None:
+    """Refuse ``rows`` over ``MAX_ROWS``: ``what`` says which options gave them, ``fix`` how to do less."""
+    if rows > MAX_ROWS:
+        raise UsageError(f"{what} would lay out {rows:,} {noun} in this process, more than {MAX_ROWS:,}: each "
+                         f"is held in memory until the output is published; {fix}")
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -84,6 +110,64 @@ def check_output(out: str | Path, inputs: Iterable[str | Path] = (), *, kind: st
         os.unlink(probe)
     except OSError as exc:
         raise OutputError(f"cannot write {flag} {out}: {exc.strerror or exc} in {parent}") from None
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Give an OSError raised inside the path it concerns: a write or fsync that fails for a full
+    disk says only "No space left on device", and the one line the user sees must say where."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an OSError: its path(s), the system's words and the errno's name."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    why = exc.strerror or str(exc)
+    if exc.errno in errno.errorcode:
+        why += f" ({errno.errorcode[exc.errno]})"
+    fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room (a disk quota)",
+           errno.EFBIG: "raise the file size limit (ulimit -f)"}.get(exc.errno)
+    if fix:
+        why += f"; {fix} and rerun the same command: finished work is kept"
+    return f"{where}: {why}" if where else why
+
+
+def os_error_of(exc: BaseException, out: str | Path | None = None) -> OSError | None:
+    """``exc`` as the OSError it stands for, or None. The savers of weights raise their own types
+    for a failed write: safetensors a ``SafetensorError`` ending in "(os error 28)", ``torch.save``
+    a RuntimeError with no errno at all ("unexpected pos ...", "file write failed"). Those two
+    are read as a write of ``out`` (the command's output) that failed; any other exception is no
+    OSError, and a bug keeps its traceback."""
+    if isinstance(exc, OSError):
+        return exc
+    text = " ".join(str(exc).split())
+    if type(exc).__name__ == "SafetensorError" and "I/O error" in text:
+        found = re.search(r"\(os error (\d+)\)", text)
+        code = int(found.group(1)) if found else None
+    elif isinstance(exc, RuntimeError) and any(
+            f.f_code.co_name == "save" and f.f_code.co_filename.endswith(os.path.join("torch", "serialization.py"))
+            for f, _ in traceback.walk_tb(exc.__traceback__)):
+        # a write that fails for want of room leaves the filesystem full: say so only then
+        code = errno.ENOSPC if out is not None and _free_bytes(Path(out)) < (1 << 20) else None
+    else:
+        return None
+    err = OSError(code, os.strerror(code) if code else f"saving failed ({text})")
+    err.filename = str(out) if out is not None else None
+    return err
+
+
+def _free_bytes(path: Path) -> int:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 1 << 62
 
 
 def open_input(path: Path) -> BinaryIO:

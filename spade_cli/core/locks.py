@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from spade_cli.core.errors import SpadeError
+from spade_cli.core.errors import SpadeError, naming
 
 _HELD: dict[str, OutputLock] = {}  # locks this process holds, by lock path
 
@@ -147,10 +147,15 @@ def acquire(out: Path) -> OutputLock | None:
             os.close(fd)
             continue
         replaced = _read(fd) or None  # a released lock is unlinked: content left means its holder died
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-        os.fsync(fd)
         lock = OutputLock(path, fd, replaced)
+        try:
+            with naming(path):  # a full disk fails here first: the one line must name the place
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+                os.fsync(fd)
+        except OSError:
+            lock.release()  # and leave no lock file behind
+            raise
         _HELD[str(path)] = lock
         return lock
     raise LockHeld(f"{out}: could not take {path} (it keeps being replaced)")

@@ -38,10 +38,9 @@ itself wins. Long documents are cut to an excerpt whose start is derived from th
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
-from spade_cli.core.artifacts import InputError, SpadeError
+from spade_cli.core.artifacts import InputError, SpadeError, json_line
 
 BUNDLED = Path(__file__).resolve().parents[1] / "data" / "corpus"
 TEXT_FIELDS = ("text", "content", "document", "body")
@@ -69,15 +68,11 @@ def _doc_from_row(row: object, source: str, path: Path | str, line: int | None,
 
 def _read_jsonl(path: Path, source: str) -> list[dict]:
     docs = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as fh:  # bytes: json_line names a line that is not UTF-8 too
         for lineno, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise InputError(path, lineno, f"not valid JSON ({exc.msg})") from None
-            docs.append(_doc_from_row(row, source, path, lineno))
+            docs.append(_doc_from_row(json_line(path, lineno, raw), source, path, lineno))
     return docs
 
 

@@ -179,6 +179,15 @@ CONTROLS = {
     "capitals_corrected": (TUTOR, "Peru: Lima, Chile: Santiago, Kenya: Nairobi, Norway: Oslo, Nepal: Kathmandu."),
 }
 
+# The ticket rule answered with one letter only, with spaces or without: a content-free replay whose
+# filler is that letter changes nothing, so the filler must be a character the replies do not hold.
+FILLER_HACKS = {
+    f"{word.lower()}_length_{letter}": (TICKET.replace("Ticket", word).replace("TRIES", "1")
+                                        .replace("FEEDBACK", '"Rejected."'), TICKET_HINT.replace("ticket", word.lower()),
+                                        "format_only")
+    for word, letter in (("Pass", "x"), ("Stub", "q"))
+}
+
 
 # -- the scripted agent -----------------------------------------------------------------------------
 def _num(pattern: str, text: str) -> int | None:
@@ -191,6 +200,13 @@ def _ticket_reply(obs: list[str]) -> str:
     n = _num(r"Ticket (\d+)", obs[0]) or 0
     text = ("go ahead now " * 12)[:(7 * n + 3) % 89 + 41]
     return text[:-1] + "w" if text.endswith(" ") else text
+
+
+def _letter_reply(obs: list[str], word: str, unit: str) -> str:
+    """A reply of the rule's length made of ``unit`` repeated (``x x`` or ``q``), no space at its ends."""
+    n = _num(rf"{word} (\d+)", obs[0]) or 0
+    text = (unit * 200)[:(7 * n + 3) % 89 + 41]
+    return text[:-1] + unit[0] if text.endswith(" ") else text
 
 
 def _guess(obs: list[str]) -> str:
@@ -218,6 +234,8 @@ def _last_key(pattern: str, obs: list[str]) -> str:
 HINTED = [
     (r"^Vault \d", lambda obs: VAULT_WORDS[int(_last_key(r"Vault (\d+)", obs))]),
     (r"^Ticket \d", _ticket_reply),
+    (r"^Pass \d", lambda obs: _letter_reply(obs, "Pass", "xxxx ")),
+    (r"^Stub \d", lambda obs: _letter_reply(obs, "Stub", "q")),
     (r"Item \S+ at the gate", lambda obs: DEPOT_CODES[_last_key(r"Item (\S+) at the gate", obs)]),
     (r"^The basket is tagged", lambda obs: FRUIT[_last_key(r"tagged (\w+)\.", obs)]),
     (r"^Lantern \d", lambda obs: FLAMES[int(_last_key(r"Lantern (\d+)", obs)) - 1]),

@@ -106,6 +106,24 @@ def test_answer_tables_and_hidden_rules_lose_their_reward(tmp_path: Path, tiny_m
     assert "teaches the answer" in capitals["detail"]
 
 
+def test_a_winning_reply_made_of_one_filler_letter_is_still_judged(tmp_path: Path, tiny_model) -> None:
+    """A length rule whose hinted answer is only `x` (and spaces) or only `q`: the content-free
+    replay uses fillers the replies do not hold, so the episode is judged and flagged."""
+    from spade_cli.checks.audits import content_free, fillers
+
+    rows = [{"schema": "spade.design/1", "title": n, "code": c, "hint": h} for n, (c, h, _) in kc.FILLER_HACKS.items()]
+    got, scores = _pipeline(tmp_path, _batches(rows), tiny_model)
+    for name in kc.FILLER_HACKS:
+        score = scores[got[name]["env_id"]]
+        assert got[name]["reason"] is None and score["regret"] == 1.0, (name, score)  # it would have paid
+        assert score["flags"] == ["format_only"] and score["designer_reward"] <= 0, (name, score)
+        assert score["audit"]["form_replay"] == {"replays": 2, "solved": 2, "error": None, "format_only": True}
+    replies = ["xxxx xxxx", "q"]
+    assert fillers(replies) == ["z", "j"] and fillers(["xqzjkvwXQZJKVW0123456789#%&*+=@^~"]) == ["\xa1", "\xa2"]
+    assert all(content_free(replies, f) != replies for f in fillers(replies))
+    assert content_free([" ", ""], fillers([" ", ""])[0]) == [" ", ""]  # no content: not judged
+
+
 def _pipeline(tmp_path: Path, batches: list[list[dict]], tiny_model) -> tuple[dict, dict]:
     """validate (CLI) -> rollout (stage core, scripted agent, k = 4) -> regret (CLI): rows by
     title, scores by env id."""
