@@ -27,7 +27,7 @@
 # parts on the CPU at toy sizes in fp32, a check that the script works, not a measurement.
 set -euo pipefail
 
-PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
+PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"  # python3: the torch one on CUDA images
 WORK="${WORK:-$(mktemp -d)}"
 OUT="${OUT:-$WORK}"
 WHEELS="${WHEELS:-}"
@@ -69,20 +69,50 @@ part() {
   limit="${!knob:-$limit}"
   left=$((BUDGET_S - (SECONDS - t_start) - 5))
   if ((left < 10)); then
-    record skip "$name" --why "no time left in BUDGET_S=$BUDGET_S"
+    record note "$name" --why "no time left in BUDGET_S=$BUDGET_S"
     return 0
   fi
   if [[ $needs != - && ! -e $WORK/$needs ]]; then
-    record skip "$name" --why "needs $WORK/$needs, which an earlier part did not write"
+    record note "$name" --why "needs $WORK/$needs, which an earlier part did not write"
     return 0
   fi
   ((limit <= left)) || limit=$left
   echo "gpu_check: $name (limit $limit s)" >&2
-  timeout -k 15 "$limit" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" || rc=$?
+  # in the background so that a signal to this script reaches the trap below at once
+  timeout -k 15 "$limit" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
+  running=$! current=$name
+  wait "$running" || rc=$?
+  running=
   record part "$name" --rc "$rc" --seconds $((SECONDS - t0)) --limit "$limit" --stdout "$WORK/$name.out" \
     --log "$WORK/$name.log"
   (cd "$WORK" && tar -czf "$OUT/.logs.tgz.tmp" ./*.log && mv -f "$OUT/.logs.tgz.tmp" "$OUT/logs.tgz") || true
 }
+
+# the last stdout line: every part this run recorded; returns 1 when a part failed
+summary() {
+  local dry=false rc=0
+  ((DRY)) && dry=true
+  "$PYTHON" recipes/gpu_check_record.py summary "$OUT" --run "$run_id" \
+    --extra "{\"dry\": $dry, \"gpus\": $gpus, \"budget_s\": $BUDGET_S, \"wall_s\": $((SECONDS - t_start))}" || rc=$?
+  if ((rc != 0 && rc != 3)); then  # the summary itself broke: still one line, pointing at the records
+    echo "{\"check\": \"gpu_check\", \"run\": \"$run_id\", \"status\": \"no summary\", \"records\": \"$OUT/parts.jsonl\"}"
+  fi
+  return $((rc != 0))
+}
+# Interrupted (Ctrl-C, a scheduler's SIGTERM): end the running part (timeout runs it in a process
+# group of its own, which the signal does not reach) and still print what finished.
+running= current=
+stopped() {
+  trap - INT TERM
+  if [[ -n $running ]]; then
+    kill -TERM "$running" 2>/dev/null || true
+    wait || true
+    record note "$current" --status failed --why "interrupted: this script got a signal"
+  fi
+  summary || true
+  exit 130
+}
+trap stopped INT TERM
 
 check=(recipes/gpu_check.py)
 part install 120 - "$PYTHON" "${check[@]}" install "$WORK" ${WHEELS:+--wheels "$WHEELS"}
@@ -97,11 +127,4 @@ start=ck2; [[ -d $WORK/ck2 ]] || start=model
 part generate 90 "$start" "$PYTHON" "${check[@]}" generate "$WORK" --from "$start" "${gen[@]}"
 part vllm 240 - env WORK="$WORK/vllm" DRY="$DRY" PYTHON="$PYTHON" bash recipes/gpu_check_generation.sh
 
-dry=false; ((DRY)) && dry=true
-rc=0
-"$PYTHON" recipes/gpu_check_record.py summary "$OUT" --run "$run_id" \
-  --extra "{\"dry\": $dry, \"gpus\": $gpus, \"budget_s\": $BUDGET_S, \"wall_s\": $((SECONDS - t_start))}" || rc=$?
-if ((rc != 0 && rc != 3)); then  # the summary itself broke: still one line, pointing at the records
-  echo "{\"check\": \"gpu_check\", \"run\": \"$run_id\", \"status\": \"no summary\", \"records\": \"$OUT/parts.jsonl\"}"
-fi
-exit $((rc != 0))
+summary

@@ -2,12 +2,12 @@
 
     python recipes/gpu_check_record.py part OUT update1 --run R --rc 0 --seconds 52 --limit 150 \
       --stdout WORK/update1.out --log WORK/update1.log
-    python recipes/gpu_check_record.py skip OUT zero2 --run R --why "no time left"
+    python recipes/gpu_check_record.py note OUT zero2 --run R --why "no time left"   # skipped
     python recipes/gpu_check_record.py summary OUT --run R --extra '{"dry": false}'
 
 A part's record is the JSON object its command printed last, with its status (``ok``, ``skipped``
-when the part says so, ``failed`` with the end of its log, ``timeout`` when its own time limit
-killed it), seconds and limit. Records are appended to ``OUT/parts.jsonl`` and flushed to disk as
+when the part says so or could not start, ``failed`` with the end of its log or when the script
+was stopped during it, ``timeout`` when its own time limit killed it), seconds and limit. Records are appended to ``OUT/parts.jsonl`` and flushed to disk as
 each part ends, so whatever finished survives a failure, a timeout or a kill of the rest. One file
 rather than one per part: a machine that hands back only a few files still returns them all. A
 rerun with the same OUT (``PARTS=zero2`` to retry one part) appends; the summary of a run gathers
@@ -90,7 +90,9 @@ def summary(out: Path, run: str, extra: dict) -> int:
             name = rec.pop("part")
             recs[name] = {k: v for k, v in rec.items() if k != "run"}
     bad = sorted(k for k, v in recs.items() if v.get("status") not in ("ok", "skipped"))
-    line = {"check": "gpu_check", "run": run, **extra, "status": "ok" if not bad else "incomplete",
+    ran = any(v.get("status") == "ok" for v in recs.values())
+    line = {"check": "gpu_check", "run": run, **extra,
+            "status": "incomplete" if bad else "ok" if ran else "nothing ran",
             "not_ok": bad, "skipped": sorted(k for k, v in recs.items() if v.get("status") == "skipped"),
             "parts": recs}
     text = json.dumps(line, separators=(",", ":"))
@@ -104,7 +106,7 @@ def summary(out: Path, run: str, extra: dict) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("part", "skip", "summary"):
+    for name in ("part", "note", "summary"):
         p = sub.add_parser(name)
         p.add_argument("out", type=Path)
         if name != "summary":
@@ -116,13 +118,14 @@ def main() -> None:
     p.add_argument("--limit", type=int, required=True)
     p.add_argument("--stdout", type=Path, required=True)
     p.add_argument("--log", type=Path, required=True)
-    sub.choices["skip"].add_argument("--why", required=True)
+    sub.choices["note"].add_argument("--why", required=True)
+    sub.choices["note"].add_argument("--status", choices=("skipped", "failed"), default="skipped")
     sub.choices["summary"].add_argument("--extra", default="{}", help="JSON merged into the line")
     a = ap.parse_args()
     if a.cmd == "part":
         part(a.out, a.name, a.run, a.rc, a.seconds, a.limit, a.stdout, a.log)
-    elif a.cmd == "skip":
-        _append(a.out, {"part": a.name, "run": a.run, "status": "skipped", "why": a.why, "seconds": 0})
+    elif a.cmd == "note":  # what the script itself says of a part it did not run to its end
+        _append(a.out, {"part": a.name, "run": a.run, "status": a.status, "why": a.why, "seconds": 0})
     else:
         sys.exit(summary(a.out, a.run, json.loads(a.extra)))
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,9 +87,41 @@ def test_a_failed_part_and_a_timed_out_part_cost_only_themselves(tmp_path: Path,
 @pytest.mark.integration
 def test_parts_the_budget_cannot_fit_are_skipped_and_reported(tmp_path: Path) -> None:
     res, out = _check(tmp_path, BUDGET_S="1")
-    assert res.returncode == 0
+    assert res.returncode == 0 and out["status"] == "nothing ran"
     assert list(out["parts"]) == PARTS
     assert all(v["status"] == "skipped" and "BUDGET_S=1" in v["why"] for v in out["parts"].values())
+
+
+@pytest.mark.integration
+def test_a_stopped_check_ends_its_running_part_and_still_reports(tmp_path: Path, _offline_caches: None) -> None:
+    work = tmp_path / "w"
+    env = {**os.environ, "DRY": "1", "WORK": str(work), "PYTHON": sys.executable, "PARTS": "build generate"}
+    proc = subprocess.Popen(["bash", str(REPO / "recipes" / "gpu_check.sh")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (work / "build.log").exists():  # the build part is running
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr[-2000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["parts"]["build"]["status"] == "failed" and "interrupted" in out["parts"]["build"]["why"]
+    assert "generate" not in out["parts"]
+    left = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).count(str(work))]
+    assert not left, "the interrupted part left processes behind"
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @pytest.mark.unit
