@@ -71,7 +71,7 @@ def install(work: Path, wheels: Path | None) -> dict:
              "        res[m] = f'{type(e).__name__}: {e}'[:300]\nprint(json.dumps(res))")
     res = subprocess.run([sys.executable, "-c", probe, *IMPORTS], env=env, capture_output=True, text=True)
     out["imports"] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else res.stderr[-500:]
-    if isinstance(out["imports"], dict) and out["imports"].get("deepspeed") != "ok":
+    if (site / "deepspeed").is_dir() and isinstance(out["imports"], dict) and out["imports"]["deepspeed"] != "ok":
         # accelerate and transformers import deepspeed whenever its package is found: a broken one
         # would fail every part. Only the ZeRO-2 part needs it, and it says why it skips.
         for p in [site / "deepspeed", *site.glob("deepspeed-*.dist-info")]:

@@ -1,7 +1,8 @@
 """recipes/gpu_check.sh on its CPU path (DRY=1), and what keeps its figures when a part breaks.
 
-The dry run is the real script end to end at toy sizes: every part under its own time limit,
-offline, each part's record appended to OUT/parts.jsonl as it ends, one summary line. Its figures
+The dry run is the real script end to end at toy sizes: a folder of wheels installed offline,
+every part under its own time limit, each part's record appended to OUT/parts.jsonl as it ends,
+one summary line. Its figures
 are no measurement. A second run breaks two parts on purpose (a wheel folder that does not install,
 a part killed at its limit) and the rest still report; a third has no budget left and says so.
 """
@@ -41,14 +42,35 @@ def _record_module():
     return mod
 
 
+def _wheel(folder: Path) -> None:
+    """A minimal pure-Python wheel, written by hand: one module, one requirement nobody meets."""
+    import zipfile
+
+    info = "gpu_check_probe-0.0.1.dist-info"
+    files = {"gpu_check_probe.py": "VALUE = 1\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: gpu-check-probe\nVersion: 0.0.1\n"
+                                 "Requires-Dist: torch\nRequires-Dist: no-such-package-xyz\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "gpu_check_probe-0.0.1-py3-none-any.whl", "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
 @pytest.mark.integration
 def test_the_dry_run_reports_every_part(tmp_path: Path, _offline_caches: None) -> None:
-    res, out = _check(tmp_path)
+    _wheel(tmp_path / "wheels")
+    res, out = _check(tmp_path, WHEELS=str(tmp_path / "wheels"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert out["dry"] is True and out["status"] == "ok" and out["not_ok"] == [] and list(out["parts"]) == PARTS
-    assert out["skipped"] == ["install", "vllm", "zero2"]
+    assert out["skipped"] == ["vllm", "zero2"]
     p = out["parts"]
-    assert p["install"]["status"] == "skipped" and "WHEELS" in p["install"]["why"]
+    # installed offline into the work folder, with what it needs and nobody has named
+    assert p["install"]["status"] == "ok" and p["install"]["wheels"] == 1
+    assert p["install"]["unmet"] == ["gpu-check-probe needs no-such-package-xyz (have none)"]
+    assert (tmp_path / "w" / "site" / "gpu_check_probe.py").exists()
+    assert all(v == "ok" for m, v in p["install"]["imports"].items() if m != "deepspeed")
     assert p["build"]["device"] == "cpu" and p["build"]["vocab"] == 1024 and p["build"]["tied"] is False
     first, second = p["update1"], p["update2"]
     assert not first["resumed"] and second["resumed"] and second["state_load_s"] is not None
@@ -80,7 +102,7 @@ def test_a_failed_part_and_a_timed_out_part_cost_only_themselves(tmp_path: Path,
     p = out["parts"]
     assert p["install"]["status"] == "failed" and any("broken" in line for line in p["install"]["log_tail"])
     assert p["build"]["status"] == "ok"  # after the failed install
-    assert p["generate"]["status"] == "timeout" and p["generate"]["limit_s"] == 1
+    assert p["generate"]["status"] == "timeout" and p["generate"]["limit_s"] == 1  # LIMIT_ wins over DRY's 4x
     assert p["vllm"]["status"] == "skipped"  # after the timed-out part
 
 
