@@ -1,9 +1,9 @@
 """Padding-free training: the packed layout by hand, and packed rows equal to padded ones on the tiny model.
 
-The equality tests run the real tiny Qwen3 (``spade init-model``) with transformers' SDPA on the
-CPU, where the block-diagonal mask comes from the position ids alone: a row that saw another row
-would change its log-probs by far more than the tolerances here (a full attention mask over the
-packed row moves them by about 0.6).
+The equality tests run the real tiny Qwen3 (``spade init-model``) on the CPU, with SDPA (switched
+to spade's row-wise SDPA) and with eager attention (transformers' block-diagonal mask, built from
+the position ids alone): a row that saw another row would change its log-probs by far more than
+the tolerances here (attending across the packed row moves them by about 0.6).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def _pass(model: object, temps: object, rows: list, packed: bool) -> tuple:
 
 
 @pytest.mark.integration
-def test_packed_equals_padded(tiny_model: Path) -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_equals_padded(tiny_model: Path, attention: str) -> None:
     """Per-token log-probs, entropies, the loss and every parameter's gradient agree between the
     layouts, environment tokens get nothing, and the stand-in row changes nothing."""
     from transformers import AutoTokenizer
@@ -86,9 +87,12 @@ def test_packed_equals_padded(tiny_model: Path) -> None:
 
     temps = update_train.RowTemperature()
     model = update_train._load(str(tiny_model), 1.0, temps)
-    assert model.config._attn_implementation == "sdpa" and packing.enabled("auto", model)
+    model.config._attn_implementation = attention
+    # eager packs only on request: its (N, N) mask costs more than the padding it saves
+    assert packing.enabled("auto", model) == (attention == "sdpa")
     rows = _rows(AutoTokenizer.from_pretrained(tiny_model))
     padded, packed = _pass(model, temps, rows, False), _pass(model, temps, rows, True)
+    assert model.config._attn_implementation == (packing.ROWWISE if attention == "sdpa" else "eager")
     torch.testing.assert_close(packed[0], padded[0], rtol=0, atol=2e-6)
     torch.testing.assert_close(packed[1], padded[1], rtol=0, atol=2e-6)
     torch.testing.assert_close(packed[2], padded[2], rtol=1e-6, atol=0)
@@ -138,6 +142,7 @@ def test_update_packed_equals_padded(tiny_model: Path, tmp_path: Path) -> None:
         out[mode] = json.loads((tmp_path / mode / "update.json").read_text())["metrics"], _params(tmp_path / mode)
     (on, w_on), (off, w_off) = out["on"], out["off"]
     assert on["packed"] is True and off["packed"] is False
+    assert packing.ROWWISE not in (tmp_path / "on" / "config.json").read_text()  # the served model is plain
     assert on["loss"] == pytest.approx(off["loss"], rel=1e-4, abs=1e-7)
     assert on["entropy"] == pytest.approx(off["entropy"], rel=1e-5)
     base = _params(tiny_model)

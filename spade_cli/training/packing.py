@@ -14,17 +14,22 @@ attention stays inside each row. What transformers 5.x does with such a row (rea
 - ``sdpa``, ``eager``, ``flex_attention``: ``create_causal_mask`` finds the rows from the position
   ids and builds a block-diagonal causal mask, but only when the attention mask is None and there
   is no KV cache (with ``use_cache`` on, a fresh cache skips the detection and every row attends
-  to the rows before it). The mask is (N, N) for N packed tokens and attention costs N², so on an
-  accelerator this is exact but not cheaper; on the CPU it is what the tests compare.
+  to the rows before it). Exact, but the mask is (N, N) for N packed tokens and the kernel computes
+  all N² scores: measured on the CPU, twice the time of the padded batch it replaces.
 - an attention implementation transformers has no mask function for builds no mask at all, and
   non-attention layers (linear attention, state-space) carry their state across row boundaries:
   neither can be packed.
 
+So an SDPA model whose layers are all full attention is switched, at its first packed batch, to
+``spade_rowwise_sdpa``: transformers' own SDPA called once per row, with the causal flag and no
+mask (torch's flash kernel on a GPU), and no (N, N) mask built. Padded batches still get plain SDPA.
+
 ``enabled(mode, model)`` turns the ``--packing`` setting into a layout: ``off``; ``on`` (packed,
-or an error naming why the model cannot be); ``auto`` (the default: packed where it is exact and
-cheaper, that is flash attention on an accelerator and any exact implementation on the CPU).
-``completion_logps`` runs either layout through TRL's fused LM head and returns (B, C) log-probs
-and entropies, equal in both layouts up to float rounding (``tests/test_packing.py``).
+or an error naming why the model cannot be); ``auto`` (the default: packed where that is exact and
+costs no (N, N) mask, that is flash attention and SDPA without sliding windows; eager, flex and
+sliding-window SDPA stay padded). ``completion_logps`` runs either layout through TRL's fused LM
+head and returns (B, C) log-probs and entropies, equal in both layouts up to float rounding
+(``tests/test_packing.py``).
 
     mb = grpo.collate(samples, samples[0], pad_id, "cpu", packed=packing.enabled("auto", model))
     logps, entropy = packing.completion_logps(model, mb)
@@ -36,7 +41,7 @@ from typing import Any
 
 MODES = ("auto", "on", "off")
 ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
-FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+ROWWISE = "spade_rowwise_sdpa"
 
 
 def _config(model: Any) -> Any:
@@ -46,13 +51,16 @@ def _config(model: Any) -> Any:
 
 
 def _mask_kind(implementation: str) -> str | None:
-    """The mask function transformers builds for this attention implementation (None: none)."""
+    """How packed rows stay apart under this attention implementation: ``varlen`` (a kernel that
+    takes sequence boundaries), ``rows`` (spade's row-wise SDPA), ``mask`` (an (N, N) mask), None."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+    if implementation in ("sdpa", ROWWISE):
+        return "rows"
     if implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
         return None
     fn = ALL_MASK_ATTENTION_FUNCTIONS[implementation]
-    return "flash" if fn is ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"] else "mask"
+    return "varlen" if fn is ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"] else "mask"
 
 
 def unsupported(model: Any) -> str | None:
@@ -70,6 +78,18 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
+def _kind(model: Any) -> str | None:
+    """``unsupported``'s verdict as a layout: None (cannot pack), ``varlen``, ``rows`` or ``mask``."""
+    if unsupported(model):
+        return None
+    cfg = _config(model)
+    kind = _mask_kind(getattr(cfg, "_attn_implementation", None) or "eager")
+    # A sliding window needs the mask: row-wise SDPA calls the kernel with no mask at all.
+    if kind == "rows" and set(getattr(cfg, "layer_types", None) or []) - {"full_attention"}:
+        return "mask"
+    return kind
+
+
 def enabled(mode: str, model: Any) -> bool:
     """Whether micro-batches for ``model`` are packed under ``--packing mode``."""
     from spade_cli.core.artifacts import SpadeError
@@ -78,17 +98,49 @@ def enabled(mode: str, model: Any) -> bool:
         raise SpadeError(f"packing must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "off":
         return False
-    reason = unsupported(model)
-    if mode == "on":
-        if reason:
-            raise SpadeError(f"--packing on: {reason}; use --packing auto or off")
-        return True
-    if reason:
-        return False
-    impl = getattr(_config(model), "_attn_implementation", None) or "eager"
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    # Elsewhere than on the CPU, a materialised (N, N) mask costs more than the padding it saves.
-    return on_cpu or _mask_kind(impl) == "flash"
+    if mode == "on" and (reason := unsupported(model)):
+        raise SpadeError(f"--packing on: {reason}; use --packing auto or off")
+    # An (N, N) mask is exact but costs more attention than the padding it saves: only on request.
+    return mode == "on" or _kind(model) in ("varlen", "rows")
+
+
+def _rowwise_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple:
+    """transformers' SDPA, called once per packed row (rows start where the position ids restart
+    at 0) with the causal flag and no mask: exact, each row costs its own length squared, and on a
+    GPU the flash kernel inside torch's SDPA runs it. Anything else goes to plain SDPA."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    pos = kwargs.get("position_ids")
+    if attention_mask is not None or pos is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    starts = torch.nonzero(pos.reshape(-1) == 0).flatten().tolist()
+    bounds = [0, *[s for s in starts if s > 0], query.shape[2]]
+    out = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
+           for a, b in zip(bounds, bounds[1:], strict=False)]
+    return torch.cat(out, dim=1), None
+
+
+def _rowwise_mask(*args: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
+    """SDPA's mask with padding; none for packed rows (the attention splits them), so the (N, N)
+    mask is never built."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def _use_rowwise(model: Any) -> None:
+    """Switch an SDPA model to row-wise SDPA (for good: gradient checkpointing recomputes the
+    forward later and must find the same attention). Padded batches still get plain SDPA."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    cfg = _config(model)
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or _kind(model) != "rows":
+        return
+    AttentionInterface.register(ROWWISE, _rowwise_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWWISE, _rowwise_mask)
+    cfg._attn_implementation = ROWWISE
 
 
 def completion_logps(model: Any, mb: dict) -> tuple[Any, Any]:
@@ -99,6 +151,7 @@ def completion_logps(model: Any, mb: dict) -> tuple[Any, Any]:
                     position_ids=mb["position_ids"], labels=mb["labels"], fused_lm_head=True)
         P = mb["P"]
         return out.log_probs[:, P - 1:], out.entropy[:, P - 1:] if out.entropy is not None else None
+    _use_rowwise(model)
     # No attention mask and no cache: the two conditions under which transformers reads the rows
     # from the position ids (the fused head turns the cache off too; said here so it cannot drift).
     out = model(input_ids=mb["input_ids"], position_ids=mb["position_ids"], labels=mb["labels"],
