@@ -131,14 +131,17 @@ def test_which_models_pack(tiny_model: Path) -> None:
 
 @pytest.mark.integration
 def test_update_packed_equals_padded(tiny_model: Path, tmp_path: Path) -> None:
-    """`spade update` with --packing on and off: the same loss and entropy, weights equal to
-    rounding, and update.json says which layout ran; the layout is not part of the run's identity."""
+    """`spade update` with --packing on and off (and gradient checkpointing): the same loss and
+    entropy, weights equal to rounding, and update.json says which layout ran; the layout is not
+    part of the run's identity."""
     from stages import update
 
     artifacts = make_artifacts(tmp_path, tiny_model)
     out = {}
     for mode in ("on", "off"):
-        update.run(_config(artifacts, tiny_model, tmp_path / mode, packing=mode, num_iterations=2))
+        # gradient checkpointing: the backward recomputes each layer's forward, attention included
+        update.run(_config(artifacts, tiny_model, tmp_path / mode, packing=mode, num_iterations=2,
+                           gradient_checkpointing=True))
         out[mode] = json.loads((tmp_path / mode / "update.json").read_text())["metrics"], _params(tmp_path / mode)
     (on, w_on), (off, w_off) = out["on"], out["off"]
     assert on["packed"] is True and off["packed"] is False
@@ -151,5 +154,6 @@ def test_update_packed_equals_padded(tiny_model: Path, tmp_path: Path) -> None:
     # lr * g / |g|, so a gradient element that is nearly zero (a sum that cancels, exact only to
     # rounding) can move its weight by a fraction of lr either way.
     assert l2(w_on, w_off) < 1e-3 * l2(w_off, base)
-    again = update.run(_config(artifacts, tiny_model, tmp_path / "on", packing="off", num_iterations=2))
+    again = update.run(_config(artifacts, tiny_model, tmp_path / "on", packing="off", num_iterations=2,
+                               gradient_checkpointing=True))
     assert again["status"] == "up to date"
