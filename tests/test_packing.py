@@ -117,6 +117,9 @@ def test_which_models_pack(tiny_model: Path) -> None:
     assert packing.unsupported(model) is None
     assert packing.enabled("on", model) and not packing.enabled("off", model)
     cfg = model.config
+    cfg.sliding_window = 16  # row-wise SDPA has no window: packed only on request, through the (N, N) mask
+    assert not packing.enabled("auto", model) and packing.enabled("on", model)
+    cfg.sliding_window = None
     cfg.layer_types = ["full_attention", "linear_attention"]
     assert "linear_attention" in packing.unsupported(model)
     assert not packing.enabled("auto", model)

@@ -85,7 +85,8 @@ def _kind(model: Any) -> str | None:
     cfg = _config(model)
     kind = _mask_kind(getattr(cfg, "_attn_implementation", None) or "eager")
     # A sliding window needs the mask: row-wise SDPA calls the kernel with no mask at all.
-    if kind == "rows" and set(getattr(cfg, "layer_types", None) or []) - {"full_attention"}:
+    sliding = set(getattr(cfg, "layer_types", None) or []) - {"full_attention"} or getattr(cfg, "sliding_window", None)
+    if kind == "rows" and sliding:
         return "mask"
     return kind
 
