@@ -160,3 +160,19 @@ def test_update_packed_equals_padded(tiny_model: Path, tmp_path: Path) -> None:
     again = update.run(_config(artifacts, tiny_model, tmp_path / "on", packing="off", num_iterations=2,
                                gradient_checkpointing=True))
     assert again["status"] == "up to date"
+
+
+@pytest.mark.integration
+def test_row_without_prompt_refused(tiny_model: Path, tmp_path: Path) -> None:
+    """A row's first completion token needs a prompt token to be scored from (packed, it would be
+    scored from the row before): an empty prompt is refused with the file and line."""
+    from spade_cli.core.errors import InputError
+    from stages import update
+
+    artifacts = make_artifacts(tmp_path, tiny_model, envs=1, k=2)
+    rows = artifacts["rollouts"].read_text().splitlines()
+    bad = json.loads(rows[1])
+    bad["tokens"]["prompt_ids"] = []
+    artifacts["rollouts"].write_text("\n".join([rows[0], json.dumps(bad), *rows[2:]]) + "\n")
+    with pytest.raises(InputError, match=r"rollouts.jsonl:2: tokens.prompt_ids/completion_ids must be non-empty"):
+        update.collect_samples(_config(artifacts, tiny_model, tmp_path / "ck"))

@@ -85,8 +85,8 @@ def _kind(model: Any) -> str | None:
     cfg = _config(model)
     kind = _mask_kind(getattr(cfg, "_attn_implementation", None) or "eager")
     # A sliding window needs the mask: row-wise SDPA calls the kernel with no mask at all.
-    sliding = set(getattr(cfg, "layer_types", None) or []) - {"full_attention"} or getattr(cfg, "sliding_window", None)
-    if kind == "rows" and sliding:
+    windowed = set(getattr(cfg, "layer_types", None) or []) - {"full_attention"}
+    if kind == "rows" and (windowed or getattr(cfg, "sliding_window", None)):
         return "mask"
     return kind
 
