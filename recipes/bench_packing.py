@@ -7,13 +7,14 @@ run the same samples in the same micro-batches through spade's own pass
 (``stages.update_train.train_pass``: old log-probs, then forward, GRPO loss, backward and AdamW
 step per micro-batch), ``--packing off`` against ``--packing on``, alternating, after one
 untimed warm-up each; model loading is excluded. Printed: the padding share of each layout
-(tokens the model computes that belong to no row), the attention scores each computes (padded:
+(tokens the model computes that belong to no row; also counted, without a model, over
+``--share-rows`` rows of the same distribution), the attention scores each computes (padded:
 every row to the micro-batch's longest; packed: each row its own length squared), tokens/s of
 each (real tokens, as update.json counts them) and their ratio, and the largest difference of
 the old log-probs between the layouts.
 
     .venv/bin/python recipes/bench_packing.py                 # tiny model, built offline
-    .venv/bin/python recipes/bench_packing.py --size small --rows 16
+    .venv/bin/python recipes/bench_packing.py --size small --rows 8
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="checkpoint (default: one built offline, --size)")
     ap.add_argument("--size", default="tiny", choices=("tiny", "small"))
-    ap.add_argument("--rows", type=int, default=24)
+    ap.add_argument("--rows", type=int, default=16, help="rows timed")
+    ap.add_argument("--share-rows", type=int, default=1024, help="rows the padding share is counted over (no model)")
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8, help="rows per micro-batch")
     ap.add_argument("--seed", type=int, default=0)
@@ -123,6 +125,7 @@ def main() -> None:
         config = AutoConfig.from_pretrained(model_dir)
         samples = draw_samples(a.rows, config.vocab_size, a.group, a.seed)
         costs = layout_costs(samples, a.batch, a.seed)  # the pass's own plan (same seed)
+        many = layout_costs(draw_samples(a.share_rows, config.vocab_size, a.group, a.seed + 1), a.batch, a.seed)
         for layout in ("off", "on"):  # warm-up: first-call costs hit neither side
             run_pass(model_dir, samples[:a.batch], a.batch, layout, a.seed)
         times: dict[str, list[float]] = {"padded": [], "packed": []}
@@ -143,13 +146,16 @@ def main() -> None:
         "prompt_tokens": {"min": min(prompts), "median": statistics.median(prompts), "max": max(prompts)},
         "completion_tokens": {"min": min(completions), "median": statistics.median(completions),
                               "max": max(completions)},
-        **costs, "seconds": times,
+        **costs, f"over_{a.share_rows}_rows": {k: many[k] for k in ("padding_share",
+                                                                   "attention_scores_packed_over_padded")},
+        "seconds": times,
         "tokens_per_s": {"padded": round(costs["real_tokens"] / padded_s, 1),
                          "packed": round(costs["real_tokens"] / packed_s, 1)},
         "packed_over_padded": round(padded_s / packed_s, 3), "old_logp_max_abs_diff": diff,
     }
-    share = result["padding_share"]["padded"]
-    print(f"padding share: padded {share:.1%} of the tokens computed, packed 0%", file=sys.stderr)
+    share, wide = result["padding_share"]["padded"], many["padding_share"]["padded"]
+    print(f"padding share: padded {share:.1%} of the tokens computed ({wide:.1%} over {a.share_rows} rows), "
+          "packed 0%", file=sys.stderr)
     print(f"tokens/s: padded {result['tokens_per_s']['padded']}, packed {result['tokens_per_s']['packed']} "
           f"({result['packed_over_padded']}x); old log-probs differ by at most {diff:.2g}", file=sys.stderr)
     print(json.dumps(result))
