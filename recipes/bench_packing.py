@@ -10,8 +10,10 @@ untimed warm-up each; model loading is excluded. Printed: the padding share of e
 (tokens the model computes that belong to no row; also counted, without a model, over
 ``--share-rows`` rows of the same distribution), the attention scores each computes (padded:
 every row to the micro-batch's longest; packed: each row its own length squared), tokens/s of
-each (real tokens, as update.json counts them) and their ratio, and the largest difference of
-the old log-probs between the layouts.
+each (real tokens, as update.json counts them) and their ratio, the ratio of the passes' CPU
+time (with one thread, what a busy shared machine cannot skew: wall seconds there swing by
+several times between repeats), and the largest difference of the old log-probs between the
+layouts.
 
     .venv/bin/python recipes/bench_packing.py                 # tiny model, built offline
     .venv/bin/python recipes/bench_packing.py --size small --rows 8
@@ -29,6 +31,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -94,9 +97,11 @@ def run_pass(model_dir: Path, samples: list, batch: int, packing: str, seed: int
     cfg = update.UpdateConfig(model=str(model_dir), loss_type="dapo", learning_rate=1e-6, packing=packing,
                               per_device_train_batch_size=batch, max_grad_norm=1.0, audit=False, seed=seed)
     tr = update_train.prepare(cfg, {1.0}, None, str(model_dir))
+    cpu = time.process_time()
     out = update_train.train_pass(tr, cfg, samples, lambda _m: None)
+    cpu = time.process_time() - cpu
     assert out["metrics"]["packed"] == (packing == "on"), out["metrics"]
-    return {"seconds": out["metrics"]["old_logps_seconds"] + out["metrics"]["train_seconds"],
+    return {"seconds": out["metrics"]["old_logps_seconds"] + out["metrics"]["train_seconds"], "cpu_seconds": cpu,
             "old_logps": [s.old_logps for s in samples], "attention": tr.model.config._attn_implementation}
 
 
@@ -129,16 +134,19 @@ def main() -> None:
         for layout in ("off", "on"):  # warm-up: first-call costs hit neither side
             run_pass(model_dir, samples[:a.batch], a.batch, layout, a.seed)
         times: dict[str, list[float]] = {"padded": [], "packed": []}
+        cpu: dict[str, list[float]] = {"padded": [], "packed": []}
         runs = {}
         for _ in range(a.repeats):  # alternating, so a burst of machine load hits both sides
             for name, layout in (("padded", "off"), ("packed", "on")):
                 runs[name] = run_pass(model_dir, samples, a.batch, layout, a.seed)
                 times[name].append(round(runs[name]["seconds"], 3))
+                cpu[name].append(round(runs[name]["cpu_seconds"], 3))
     diff = max(abs(x - y) for p, q in zip(runs["padded"]["old_logps"], runs["packed"]["old_logps"], strict=True)
                for x, y in zip(p, q, strict=True))
     prompts = [len(s.prompt_ids) for s in samples]
     completions = [len(s.completion_ids) for s in samples]
     padded_s, packed_s = statistics.median(times["padded"]), statistics.median(times["packed"])
+    padded_cpu, packed_cpu = statistics.median(cpu["padded"]), statistics.median(cpu["packed"])
     result = {
         "model": str(a.model or f"spade init-model --size {a.size}"),
         "attention": {name: run["attention"] for name, run in runs.items()},
@@ -148,16 +156,18 @@ def main() -> None:
                               "max": max(completions)},
         **costs, f"over_{a.share_rows}_rows": {k: many[k] for k in ("padding_share",
                                                                    "attention_scores_packed_over_padded")},
-        "seconds": times,
+        "seconds": times, "cpu_seconds": cpu,
         "tokens_per_s": {"padded": round(costs["real_tokens"] / padded_s, 1),
                          "packed": round(costs["real_tokens"] / packed_s, 1)},
-        "packed_over_padded": round(padded_s / packed_s, 3), "old_logp_max_abs_diff": diff,
+        "packed_over_padded": round(padded_s / packed_s, 3),
+        "packed_over_padded_cpu_time": round(padded_cpu / packed_cpu, 3), "old_logp_max_abs_diff": diff,
     }
     share, wide = result["padding_share"]["padded"], many["padding_share"]["padded"]
     print(f"padding share: padded {share:.1%} of the tokens computed ({wide:.1%} over {a.share_rows} rows), "
           "packed 0%", file=sys.stderr)
     print(f"tokens/s: padded {result['tokens_per_s']['padded']}, packed {result['tokens_per_s']['packed']} "
-          f"({result['packed_over_padded']}x); old log-probs differ by at most {diff:.2g}", file=sys.stderr)
+          f"({result['packed_over_padded']}x; {result['packed_over_padded_cpu_time']}x in CPU time); old log-probs "
+          f"differ by at most {diff:.2g}", file=sys.stderr)
     print(json.dumps(result))
 
 
