@@ -266,7 +266,7 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     # input fingerprint: it is write-once, and pruning it later must not make this run stale.
     semantic = later_defaults_dropped({k: v for k, v in asdict(cfg).items()
                                        if k not in ("designs", "rollouts", "scores", "out", "keep_state_every",
-                                                    "audit", "max_staleness")}, "update")
+                                                    "audit", "max_staleness", "packing")}, "update")
     out = Path(cfg.out)
     stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():

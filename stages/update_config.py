@@ -53,6 +53,7 @@ class UpdateConfig:
     lora_alpha: int = 32
     bf16: bool = False
     gradient_checkpointing: bool = False
+    packing: str = "auto"  # auto | on | off: rows end to end, no padding (spade_cli.training.packing)
     fresh_optimizer: bool = False
     keep_state_every: int = 0  # prune superseded trainer states unless updates % N == 0 (0: keep all)
     audit: bool = True

@@ -57,7 +57,7 @@ def _ids(value: Any) -> bool:
 def _tokens(path: Path, line: int, tokens: dict, need_env_mask: bool) -> tuple[list, list, list, list | None]:
     """Checked (prompt_ids, completion_ids, mask, logprobs) of a row; a malformed field names the row."""
     p, c = tokens.get("prompt_ids"), tokens.get("completion_ids")
-    if not _ids(p) or not _ids(c) or not c:
+    if not _ids(p) or not _ids(c) or not p or not c:
         raise InputError(path, line, "tokens.prompt_ids/completion_ids must be non-empty lists of ints")
     mask = tokens.get("env_mask") if need_env_mask else [1] * len(c)
     if not isinstance(mask, list) or len(mask) != len(c) or any(m not in (0, 1) for m in mask):

@@ -42,8 +42,7 @@ class RowTemperature:
 
     def hook(self, _module: Any, _args: Any, output: Any) -> Any:
         if self.value is not None:
-            output.last_hidden_state = output.last_hidden_state / self.value.to(
-                output.last_hidden_state.dtype).view(-1, 1, 1)
+            output.last_hidden_state = output.last_hidden_state / self.value.to(output.last_hidden_state.dtype)
         return output
 
 
@@ -170,18 +169,17 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
 
 
 def logps(model: Any, mb: dict, temps: RowTemperature | None = None) -> tuple[Any, Any]:
-    """Per-token log-probs and entropies of the completion positions, at each row's temperature,
-    through TRL's fused LM head (the (B, L, vocab) logits never exist)."""
+    """Per-token log-probs and entropies (B, C) of the completion positions, at each row's temperature,
+    through TRL's fused LM head (the (B, L, vocab) logits never exist); padded or packed rows."""
+    from spade_cli.training import packing
+
     if temps is not None:
         temps.value = mb["temperature"]
     try:
-        out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                    position_ids=mb["position_ids"], labels=mb["labels"], fused_lm_head=True)
+        return packing.completion_logps(model, mb)
     finally:
         if temps is not None:
             temps.value = None
-    P = mb["P"]
-    return out.log_probs[:, P - 1:], out.entropy[:, P - 1:] if out.entropy is not None else None
 
 
 def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id: int) -> dict:
@@ -189,14 +187,14 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
     the sampler correction these old log-probs imply (what ``update.json`` reports under ``sampler``)."""
     import torch
 
-    from spade_cli.training import grpo
+    from spade_cli.training import grpo, packing
 
     bs = cfg.per_device_train_batch_size
     diffs, weights, raws = [], [], []
     with torch.no_grad():
         for i in range(0, len(samples), bs):
             chunk = samples[i:i + bs]
-            mb = grpo.collate(chunk, chunk[0], pad_id, tr.accelerator.device)
+            mb = grpo.collate(chunk, chunk[0], pad_id, tr.accelerator.device, packing.enabled(cfg.packing, tr.model))
             with tr.accelerator.autocast():
                 lp, _ = logps(tr.model, mb, tr.temps)
             lp = lp.float()
@@ -250,10 +248,11 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
     import torch
 
     from spade_cli.core import preempt
-    from spade_cli.training import grpo, trainer_state
+    from spade_cli.training import grpo, packing, trainer_state
 
     acc, model, opt = tr.accelerator, tr.model, tr.optimizer
     pad_id = tr.tokenizer.pad_token_id if tr.tokenizer.pad_token_id is not None else 0
+    packed = packing.enabled(cfg.packing, model)
     world, ga = acc.num_processes, cfg.gradient_accumulation_steps
     keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
     if resumed is None:
@@ -293,7 +292,8 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
         fallback = samples[rows[0][0]]
         for mbatch in ranks[acc.process_index]:
             with acc.accumulate(model):
-                mb = grpo.collate([None if i is None else samples[i] for i in mbatch], fallback, pad_id, acc.device)
+                mb = grpo.collate([None if i is None else samples[i] for i in mbatch], fallback, pad_id, acc.device,
+                                  packed)
                 w = torch.tensor([0.0 if i is None else weight[samples[i].role] for i in mbatch], device=acc.device)
                 c = torch.tensor([0.0 if i is None else scales[i] for i in mbatch], device=acc.device)
                 mask = mb["mask"]
@@ -352,7 +352,7 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
         "grad_norm": {"mean": sum(grad_norms) / len(grad_norms), "max": max(grad_norms)} if grad_norms else None,
         "optimizer_steps": len(plan), "old_logps_recomputed": len(samples), "max_completion_length": mcl,
         "learning_rate": tr.scheduler.get_last_lr()[0], "old_logps_seconds": round(old_seconds, 3),
-        "train_seconds": round(seconds, 3), "processes": world,
+        "train_seconds": round(seconds, 3), "processes": world, "packed": packed,
         "tokens_per_s": round(attended / seconds, 1) if seconds > 0 else None,
     }
     roles = {}

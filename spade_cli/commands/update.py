@@ -89,6 +89,8 @@ def update(
     bf16: Annotated[bool, _opt("--bf16", "bf16 autocast (GPU).", _OPT)] = False,
     gradient_checkpointing: Annotated[bool, _opt("--gradient-checkpointing", "Recompute activations.", _OPT)]
     = False,
+    packing: Annotated[Literal["auto", "on", "off"], _opt("--packing", "Rows end to end without padding (auto: "
+                                                          "where exact and cheaper).", _OPT)] = "auto",
     fresh_optimizer: Annotated[bool, _opt("--fresh-optimizer", "Ignore the input's trainer state.", _STATE)]
     = False,
     keep_state_every: Annotated[int, _opt("--keep-state-every", "Prune the input's state unless its "
@@ -128,7 +130,7 @@ def update(
         per_device_train_batch_size=per_device_train_batch_size,
         gradient_accumulation_steps=gradient_accumulation_steps, num_iterations=num_iterations,
         max_grad_norm=max_grad_norm, max_completion_length=max_completion_length, lora=lora, lora_r=lora_r,
-        lora_alpha=lora_alpha, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+        lora_alpha=lora_alpha, bf16=bf16, gradient_checkpointing=gradient_checkpointing, packing=packing,
         fresh_optimizer=fresh_optimizer, keep_state_every=keep_state_every, audit=audit,
         max_staleness=max_staleness, seed=seed)
     for name, value, allowed in (("--loss-type", loss_type, ("grpo", "bnpo", "dr_grpo", "dapo")),
@@ -140,6 +142,7 @@ def update(
                                  ("--tis-mode", tis_mode, ("token_truncate", "token_mask", "sequence_truncate",
                                                            "sequence_mask")),
                                  ("--kl-reference", kl_reference, ("base", "previous")),
+                                 ("--packing", packing, ("auto", "on", "off")),
                                  ("--lr-scheduler-type", lr_scheduler_type, ("constant", "constant_with_warmup",
                                                                              "linear", "cosine"))):
         if value not in allowed:

@@ -279,22 +279,30 @@ def plan_steps(n: int, batch_size: int, grad_accum: int, world: int, epochs: int
     return steps
 
 
-def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: Any) -> dict:
-    """Left-pad prompts and right-pad completions (TRL's layout); ``None`` rows become a
-    zero-weight, fully masked copy of ``fallback`` so every process runs the same backward calls."""
+def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: Any, packed: bool = False) -> dict:
+    """One micro-batch: the model's inputs and the (B, C) tensors of the loss. ``None`` rows become a
+    zero-weight, fully masked copy of ``fallback`` so every process runs the same backward calls.
+
+    Padded (TRL's layout): prompts left-padded to P, completions right-padded to C, one row each.
+    ``packed``: the B rows laid end to end in a single row of N = sum of their lengths, positions
+    restarting at 0 in each (the layout of transformers' ``DataCollatorWithFlattening``), so no
+    padding token is computed; ``index`` says where each completion token's log-prob lands in the
+    packed output and ``valid`` where it goes back in (B, C). The loss tensors (``mask``, ``old``,
+    ``adv``, ...) are (B, C) in both layouts, so everything after the forward is shared.
+    ``temperature`` is shaped to divide the backbone's (B, L, H) or (1, N, H) hidden states.
+    """
     rows = [(s, 1.0) if s is not None else (fallback, 0.0) for s in batch]
+    if any(not s.prompt_ids for s, _ in rows):  # its first token would be scored from nothing (padded) or the row before
+        raise ValueError("every sample needs at least one prompt token")
     P = max(len(s.prompt_ids) for s, _ in rows)
     C = max(len(s.completion_ids) for s, _ in rows)
     B = len(rows)
-    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + C), dtype=torch.long)
     mask = torch.zeros((B, C))
     old, sampler = torch.zeros((B, C)), torch.zeros((B, C))
     adv, real, temp = torch.zeros((B, C)), torch.zeros(B), torch.ones(B)
     for i, (s, live) in enumerate(rows):
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        ids[i, P - p:P] = torch.tensor(s.prompt_ids)
-        ids[i, P:P + c] = torch.tensor(s.completion_ids)
         attn[i, P - p:P + c] = 1
         mask[i, :c] = torch.tensor(s.mask, dtype=torch.float) * live
         old[i, :c] = torch.tensor(s.old_logps if s.old_logps is not None else [0.0] * c)
@@ -302,9 +310,40 @@ def collate(batch: list[Sample | None], fallback: Sample, pad_id: int, device: A
         sampler[i, :c] = old[i, :c] if s.sampler_logps is None else torch.tensor(s.sampler_logps)
         adv[i, :c] = s.advantage if s.token_advantages is None else torch.tensor(s.token_advantages)
         real[i], temp[i] = live, s.temperature
+    out = {"attention_mask": attn, "mask": mask, "old": old, "sampler": sampler, "adv": adv, "real": real,
+           "P": P, "packed": packed}
+    out.update(_packed_inputs(rows, mask) if packed else _padded_inputs(rows, mask, attn, P, pad_id))
+    out["temperature"] = (temp.repeat_interleave(attn.sum(-1)).view(1, -1, 1) if packed
+                          else temp.view(-1, 1, 1))
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in out.items()}
+
+
+def _padded_inputs(rows: list, mask: torch.Tensor, attn: torch.Tensor, P: int, pad_id: int) -> dict:
+    ids = torch.full(attn.shape, pad_id, dtype=torch.long)
+    for i, (s, _) in enumerate(rows):
+        ids[i, P - len(s.prompt_ids):P] = torch.tensor(s.prompt_ids)
+        ids[i, P:P + len(s.completion_ids)] = torch.tensor(s.completion_ids)
     labels = torch.full_like(ids, -100)
     labels[:, P:] = torch.where(mask > 0, ids[:, P:], -100)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # real positions start at 0 despite left padding
-    out = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "labels": labels,
-           "mask": mask, "old": old, "sampler": sampler, "adv": adv, "real": real, "temperature": temp, "P": P}
-    return {k: v.to(device) if hasattr(v, "to") else v for k, v in out.items()}
+    return {"input_ids": ids, "position_ids": pos, "labels": labels}
+
+
+def _packed_inputs(rows: list, mask: torch.Tensor) -> dict:
+    ids, labels, pos, index = [], [], [], []
+    start = 0
+    for i, (s, _) in enumerate(rows):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids += s.prompt_ids + s.completion_ids
+        # The first label of each row is a prompt token's (-100), so no row is scored on the
+        # previous row's last token, as the flattening collator's separator ensures.
+        labels += [-100] * p + torch.where(mask[i, :c] > 0, torch.tensor(s.completion_ids), -100).tolist()
+        pos += range(p + c)
+        # The fused head's output j scores token j + 1: completion token k of this row is at
+        # start + p + k in the packed row, so its log-prob is output start + p + k - 1.
+        index += range(start + p - 1, start + p + c - 1)
+        start += p + c
+    lengths = torch.tensor([len(s.completion_ids) for s, _ in rows])
+    valid = torch.arange(mask.size(1))[None, :] < lengths[:, None]
+    return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]), "labels": torch.tensor([labels]),
+            "index": torch.tensor(index), "valid": valid}
