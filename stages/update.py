@@ -47,6 +47,7 @@ bitwise to the weights of an uninterrupted run).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -134,6 +135,7 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
     if cfg.lora:  # merged, so vLLM, lm-eval and the next rollout load it without peft
         unwrapped = unwrapped.merge_and_unload()
         out_sd = trainer_state.served(unwrapped.state_dict(), dtype, trainer_state.tied_keys(unwrapped))
+        trainer_state.refuse_nonfinite([k for k, t in out_sd.items() if t.is_floating_point() and not t.isfinite().all()])
     else:
         out_sd = state_dict
     unwrapped.save_pretrained(tmp, state_dict=out_sd)
@@ -156,14 +158,18 @@ def _served_and_audit(acc: Any, model: Any, dtype: Any, snapshots: dict) -> tupl
     out_sd: dict = {}
     local = [0.0] * len(masters.SUMS)
     before, m_before = snapshots.get("served_before"), snapshots.get("master_before")
+    bad: list[str] = []
     for i, (name, master) in enumerate(masters.full(acc, model)):
         served = master.to(dtype) if dtype is not None else master
+        if not served.isfinite().all():  # every process sees the full tensor: all refuse together
+            bad.append(name)
         if acc.is_main_process:
             out_sd[name] = served
         if before is not None and masters.owns(acc, i):
             one = masters.sums({name: before[name]}, None if m_before is None else {name: m_before[name]},
                                {name: master}, {name: served})
             local = [a + b for a, b in zip(local, one, strict=True)]
+    trainer_state.refuse_nonfinite(bad)
     audit = masters.figures(masters.reduce(acc, local)) if before is not None else None
     if not acc.is_main_process:
         return None, audit
@@ -256,6 +262,9 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
                                  ("kl_reference", cfg.kl_reference, ("base", "previous"))):
         if value not in allowed:
             raise SpadeError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    for name, value in asdict(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpadeError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
     inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
@@ -312,7 +321,12 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
     tr = trained["trainer"]
     # one name for every process: under ZeRO and FSDP each one writes its shard of the state there
     tmp = out.with_name(f".{out.name}.tmp-{_main_pid(tr.accelerator)}")
-    saved = save(cfg, tr, tmp)
+    try:
+        saved = save(cfg, tr, tmp)
+    except SpadeError:  # refused weights: the half-built directory goes, nothing is published
+        if tr.accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     state_report = {"resumed": state["path"] if state else None, "fresh_optimizer": cfg.fresh_optimizer,
                     "updates": tr.counters["updates"], "optimizer_steps": tr.counters["optimizer_steps"],
                     "base_model": base, **{k: v for k, v in saved.items() if k not in ("audit", "host_memory")}}
@@ -328,7 +342,14 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
                "loss": trained["metrics"]["loss"], "tokens_per_s": trained["metrics"]["tokens_per_s"],
                "resumed_state": state_report["resumed"], "resumed_step": trained["resumed_step"]}
     if accelerator.is_main_process:
-        atomic_write_text(tmp / "update.json", json.dumps(report, indent=2, default=str) + "\n")
+        try:  # a non-finite figure means something upstream slipped through: publish nothing
+            text = json.dumps(report, indent=2, default=str, allow_nan=False)
+            json.dumps(summary, default=str, allow_nan=False)
+        except ValueError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SpadeError(f"the update's figures hold NaN or infinity (loss {summary['loss']!r}); "
+                             "nothing was published") from None
+        atomic_write_text(tmp / "update.json", text + "\n")
         for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by killed runs
             if stale != tmp:
                 shutil.rmtree(stale, ignore_errors=True)

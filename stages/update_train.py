@@ -21,6 +21,7 @@ linear without bias (checked; otherwise mixed temperatures are refused).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -228,6 +229,19 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
     return stats
 
 
+def _refuse_nonfinite(acc: Any, value: Any, what: str) -> None:
+    """Abort the update, before the backward that would spread it into every weight, when ``value``
+    is NaN or infinite on any process (every process raises at the same call: no collective hangs)."""
+    import torch
+
+    bad = (~torch.isfinite(value.detach())).any().float().reshape(1)
+    if acc.num_processes > 1:
+        bad = acc.reduce(bad, reduction="sum")
+    if bool(bad.item() > 0):
+        raise SpadeError(f"{what} is not finite (NaN or infinite): the model or its inputs carry a non-finite "
+                         "value; nothing was published")
+
+
 def _stop_requested(acc: Any) -> bool:
     """Whether any process got a SIGTERM: every process must stop at the same step."""
     import torch
@@ -318,13 +332,17 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                     ref_logps=None if ref_lp is None else ref_lp.float(),
                     use_bias_correction_kl=cfg.use_bias_correction_kl, weights=w, is_ratio=is_w)
                 loss = ((ptl * mask).sum(-1) * c).sum()
+                _refuse_nonfinite(acc, loss, f"the loss at optimizer step {step + 1}/{len(plan)}")
                 # accelerate divides by the accumulation steps and DDP averages over processes;
                 # the step's loss is the plain sum of its micro-batch terms, so undo both.
                 acc.backward(loss * ga * world)
                 if acc.sync_gradients and cfg.max_grad_norm and cfg.max_grad_norm > 0:
                     norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    if norm is not None:
+                    if norm is not None:  # the same on every process (the norm of the reduced gradient)
                         grad_norms.append(float(norm))
+                        if not math.isfinite(grad_norms[-1]):
+                            raise SpadeError(f"the gradient norm at optimizer step {step + 1}/{len(plan)} is "
+                                             f"{grad_norms[-1]!r}; nothing was published")
                 opt.step()
                 if acc.sync_gradients:
                     tr.scheduler.step()
