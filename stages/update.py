@@ -56,7 +56,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.core import preempt
+from spade_cli.core import checkpoint, preempt
 from spade_cli.core.artifacts import (
     SpadeError,
     Stage,
@@ -267,6 +267,8 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
             raise SpadeError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
+    # Before anything reads it or republishes it (the unchanged path copies it as the new checkpoint).
+    checkpoint.check(cfg.model)
     inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
     if Path(cfg.model).is_dir():
         inputs["model"] = [Path(cfg.model)]

@@ -68,6 +68,9 @@ def _load(path: str, temperature: float, row_temps: RowTemperature | None, devic
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
+    from spade_cli.core import checkpoint
+
+    checkpoint.check(path)
     # the fp32 masters; straight onto the GPU when given one, so no rank holds a host copy
     kw = {"device_map": {"": device}} if device is not None else {}
     m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
@@ -161,6 +164,10 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     counters = {"updates": 0, "optimizer_steps": 0, "base_model": base}
     timings: dict = {"rss_before_load_mb": rss_before}
     if state is not None:
+        from spade_cli.core import checkpoint
+
+        for weights in sorted(Path(state["path"]).glob("*.safetensors")):  # the masters, when not sharded
+            checkpoint.safetensors_header(weights)
         t0 = time.perf_counter()
         accelerator.load_state(state["path"])
         timings["state_load_s"] = round(time.perf_counter() - t0, 3)
