@@ -64,7 +64,7 @@ from spade_cli.core.artifacts import (
     expand_inputs,
     later_defaults_dropped,
 )
-from stages import update_staleness
+from stages import update_roles, update_staleness
 from stages.update_config import UpdateConfig
 from stages.update_samples import collect_samples
 
@@ -82,7 +82,9 @@ def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], 
     from spade_cli.training import trainer_state
     from stages import update_train
 
-    tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model))
+    present, beta = {s.role for s in samples}, update_roles.betas(cfg)
+    tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model),
+                              kl=any(beta[r] != 0.0 for r in present))
     resumed = None
     if partial is not None and partial.is_dir():
         resumed = trainer_state.load_partial(tr.accelerator, partial)
@@ -265,6 +267,7 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     for name, value in asdict(cfg).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpadeError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+    update_roles.stated_shares(cfg)  # refuses a share outside [0, 1]
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
     # Before anything reads it or republishes it (the unchanged path copies it as the new checkpoint).
@@ -286,8 +289,8 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     t0 = time.time()
     # Which checkpoints drew the samples and how far behind --model they are (the pipelined loop
     # trains on samples one update old): recorded in update.json and the manifest, bounded on request.
-    staleness = update_staleness.measure(cfg.model, cfg.rollouts if cfg.agent_weight != 0.0 else [],
-                                         cfg.designs if cfg.designer_weight != 0.0 else [])
+    staleness = update_staleness.measure(cfg.model, cfg.rollouts if cfg.designer_share != 1.0 else [],
+                                         cfg.designs if cfg.designer_share != 0.0 else [])
     update_staleness.check(staleness, cfg.max_staleness)
     stage.extra["staleness"] = staleness
     if force:
@@ -335,13 +338,14 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
     report = {"metrics": trained["metrics"], "roles": trained["roles"], "sampler": trained["sampler"],
               "trainer_state": state_report, "audit": saved.get("audit"), "host_memory": saved.get("host_memory"),
               "kl_reference": {"kind": cfg.kl_reference, "path": base if cfg.kl_reference == "base" else
-                               _model_id(cfg.model), "via": tr.ref_kind} if cfg.beta != 0.0 else None,
+                               _model_id(cfg.model), "via": tr.ref_kind} if tr.ref_kind else None,
               "staleness": stage.extra.get("staleness"), "counts": counts, "config": asdict(cfg)}
     accelerator = tr.accelerator
     summary = {"status": "ok", "out": str(out), "samples": len(samples),
                "agent_samples": sum(s.role == "agent" for s in samples),
                "designer_samples": sum(s.role == "designer" for s in samples),
                "loss": trained["metrics"]["loss"], "tokens_per_s": trained["metrics"]["tokens_per_s"],
+               "designer_share": trained["roles"]["designer"]["share"],
                "resumed_state": state_report["resumed"], "resumed_step": trained["resumed_step"]}
     if accelerator.is_main_process:
         try:  # a non-finite figure means something upstream slipped through: publish nothing
@@ -363,6 +367,8 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
         _remove_partials(out)
         stage.timings["train_s"] = trained["metrics"]["train_seconds"]
         stage.extra["trainer_state"] = state_report
+        stage.extra["roles"] = {r: {k: v[k] for k in ("share", "steps_with_samples", "step_weight", "beta")}
+                                for r, v in trained["roles"].items()}
         stage.write_manifest(None, summary)
         # Only now is the input's state superseded by a published one.
         if cfg.keep_state_every and Path(cfg.model).is_dir() and trainer_state.prune(cfg.model, cfg.keep_state_every):

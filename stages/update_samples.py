@@ -260,11 +260,11 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     origins: dict[str, list[tuple[Path, int]]] = {"agent": [], "designer": []}
     turn_credit = cfg.agent_credit == "turn"
     want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
-    # A role with weight 0 is left out entirely, not multiplied by 0: its tokens would still enter
+    # A role with share 0 is left out entirely, not multiplied by 0: its tokens would still enter
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
     # from a run without it (the fixed-pool baselines rely on that identity).
-    use_rollouts = bool(cfg.rollouts) and cfg.agent_weight != 0.0
-    use_designs = bool(cfg.designs) and cfg.designer_weight != 0.0
+    use_rollouts = bool(cfg.rollouts) and cfg.designer_share != 1.0
+    use_designs = bool(cfg.designs) and cfg.designer_share != 0.0
     seen: dict[str, tuple] = {}  # episode_id -> where and what: a repeat trains once, as regret counts it
     for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if use_rollouts else []:
         assert isinstance(rec, Rollout)
@@ -366,7 +366,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
                 kept.append(s)
     for role, given, used in (("agent", cfg.rollouts, use_rollouts), ("designer", cfg.designs, use_designs)):
         if given and not used:
-            counts[role]["left_out"] = "weight 0"
+            counts[role]["left_out"] = "share 0"
     return kept, counts
 
 
