@@ -266,7 +266,7 @@ for ((i = 0; i < ITERS; i++)); do
     "${regret_flags[@]}" $REGRET_ARGS
 
   update_flags=()
-  [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
+  [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-share 0)
   [[ -f "$next.manifest.json" ]] || serve_sleep "$i"
   # shellcheck disable=SC2086
   stage $UPDATE_CMD update --model "$ckpt" --envs "$validated" --rollouts "$rollouts" \

@@ -171,7 +171,7 @@ for ((i = 0; i < ITERS; i++)); do
   else
     echo "== update of iteration $i (from $ckpt)" >&2
     update_flags=(--max-staleness "$STALENESS")
-    [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-weight 0)
+    [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && update_flags+=(--designer-share 0)
     upd_iter=$i
     ((stop == 0)) || exit 75
     # shellcheck disable=SC2086

@@ -50,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -317,6 +318,9 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                 note = "no rollouts" if not (s["hinted_n"] or s["unhinted_n"]) else "one side has no rollouts"
                 warnings.append(f"env {rec.env_id}: {note}; designer_reward 0.0")
                 reward = 0.0
+        if not math.isfinite(reward):  # a NaN flag or memory entry: no score is better than poison
+            raise SpadeError(f"env {rec.env_id}: designer_reward {reward!r} is not finite (from --invalid-reward, "
+                             "--flagged-reward or the memory's history); nothing was written")
         score = Score(env_id=rec.env_id, iteration=it, signal=signal, hinted_mean=s["hinted_mean"],
                       unhinted_mean=s["unhinted_mean"], hinted_n=s["hinted_n"], unhinted_n=s["unhinted_n"],
                       regret=s["regret"], regret_ci95=s["regret_ci95"], designer_reward=float(reward),

@@ -47,6 +47,7 @@ bitwise to the weights of an uninterrupted run).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -55,7 +56,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade_cli.core import preempt
+from spade_cli.core import checkpoint, preempt
 from spade_cli.core.artifacts import (
     SpadeError,
     Stage,
@@ -63,7 +64,7 @@ from spade_cli.core.artifacts import (
     expand_inputs,
     later_defaults_dropped,
 )
-from stages import update_staleness
+from stages import update_roles, update_staleness
 from stages.update_config import UpdateConfig
 from stages.update_samples import collect_samples
 
@@ -81,7 +82,9 @@ def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], 
     from spade_cli.training import trainer_state
     from stages import update_train
 
-    tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model))
+    present, beta = {s.role for s in samples}, update_roles.betas(cfg)
+    tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model),
+                              kl=any(beta[r] != 0.0 for r in present))
     resumed = None
     if partial is not None and partial.is_dir():
         resumed = trainer_state.load_partial(tr.accelerator, partial)
@@ -134,6 +137,7 @@ def save(cfg: UpdateConfig, tr: Any, tmp: Path) -> dict:
     if cfg.lora:  # merged, so vLLM, lm-eval and the next rollout load it without peft
         unwrapped = unwrapped.merge_and_unload()
         out_sd = trainer_state.served(unwrapped.state_dict(), dtype, trainer_state.tied_keys(unwrapped))
+        trainer_state.refuse_nonfinite([k for k, t in out_sd.items() if t.is_floating_point() and not t.isfinite().all()])
     else:
         out_sd = state_dict
     unwrapped.save_pretrained(tmp, state_dict=out_sd)
@@ -156,14 +160,18 @@ def _served_and_audit(acc: Any, model: Any, dtype: Any, snapshots: dict) -> tupl
     out_sd: dict = {}
     local = [0.0] * len(masters.SUMS)
     before, m_before = snapshots.get("served_before"), snapshots.get("master_before")
+    bad: list[str] = []
     for i, (name, master) in enumerate(masters.full(acc, model)):
         served = master.to(dtype) if dtype is not None else master
+        if not served.isfinite().all():  # every process sees the full tensor: all refuse together
+            bad.append(name)
         if acc.is_main_process:
             out_sd[name] = served
         if before is not None and masters.owns(acc, i):
             one = masters.sums({name: before[name]}, None if m_before is None else {name: m_before[name]},
                                {name: master}, {name: served})
             local = [a + b for a, b in zip(local, one, strict=True)]
+    trainer_state.refuse_nonfinite(bad)
     audit = masters.figures(masters.reduce(acc, local)) if before is not None else None
     if not acc.is_main_process:
         return None, audit
@@ -256,8 +264,14 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
                                  ("kl_reference", cfg.kl_reference, ("base", "previous"))):
         if value not in allowed:
             raise SpadeError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    for name, value in asdict(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpadeError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+    update_roles.stated_shares(cfg)  # refuses a share outside [0, 1]
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
+    # Before anything reads it or republishes it (the unchanged path copies it as the new checkpoint).
+    checkpoint.check(cfg.model)
     inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
     if Path(cfg.model).is_dir():
         inputs["model"] = [Path(cfg.model)]
@@ -275,8 +289,8 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     t0 = time.time()
     # Which checkpoints drew the samples and how far behind --model they are (the pipelined loop
     # trains on samples one update old): recorded in update.json and the manifest, bounded on request.
-    staleness = update_staleness.measure(cfg.model, cfg.rollouts if cfg.agent_weight != 0.0 else [],
-                                         cfg.designs if cfg.designer_weight != 0.0 else [])
+    staleness = update_staleness.measure(cfg.model, cfg.rollouts if cfg.designer_share != 1.0 else [],
+                                         cfg.designs if cfg.designer_share != 0.0 else [])
     update_staleness.check(staleness, cfg.max_staleness)
     stage.extra["staleness"] = staleness
     if force:
@@ -312,23 +326,36 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
     tr = trained["trainer"]
     # one name for every process: under ZeRO and FSDP each one writes its shard of the state there
     tmp = out.with_name(f".{out.name}.tmp-{_main_pid(tr.accelerator)}")
-    saved = save(cfg, tr, tmp)
+    try:
+        saved = save(cfg, tr, tmp)
+    except SpadeError:  # refused weights: the half-built directory goes, nothing is published
+        if tr.accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     state_report = {"resumed": state["path"] if state else None, "fresh_optimizer": cfg.fresh_optimizer,
                     "updates": tr.counters["updates"], "optimizer_steps": tr.counters["optimizer_steps"],
                     "base_model": base, **{k: v for k, v in saved.items() if k not in ("audit", "host_memory")}}
     report = {"metrics": trained["metrics"], "roles": trained["roles"], "sampler": trained["sampler"],
               "trainer_state": state_report, "audit": saved.get("audit"), "host_memory": saved.get("host_memory"),
               "kl_reference": {"kind": cfg.kl_reference, "path": base if cfg.kl_reference == "base" else
-                               _model_id(cfg.model), "via": tr.ref_kind} if cfg.beta != 0.0 else None,
+                               _model_id(cfg.model), "via": tr.ref_kind} if tr.ref_kind else None,
               "staleness": stage.extra.get("staleness"), "counts": counts, "config": asdict(cfg)}
     accelerator = tr.accelerator
     summary = {"status": "ok", "out": str(out), "samples": len(samples),
                "agent_samples": sum(s.role == "agent" for s in samples),
                "designer_samples": sum(s.role == "designer" for s in samples),
                "loss": trained["metrics"]["loss"], "tokens_per_s": trained["metrics"]["tokens_per_s"],
+               "designer_share": trained["roles"]["designer"]["share"],
                "resumed_state": state_report["resumed"], "resumed_step": trained["resumed_step"]}
     if accelerator.is_main_process:
-        atomic_write_text(tmp / "update.json", json.dumps(report, indent=2, default=str) + "\n")
+        try:  # a non-finite figure means something upstream slipped through: publish nothing
+            text = json.dumps(report, indent=2, default=str, allow_nan=False)
+            json.dumps(summary, default=str, allow_nan=False)
+        except ValueError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SpadeError(f"the update's figures hold NaN or infinity (loss {summary['loss']!r}); "
+                             "nothing was published") from None
+        atomic_write_text(tmp / "update.json", text + "\n")
         for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by killed runs
             if stale != tmp:
                 shutil.rmtree(stale, ignore_errors=True)
@@ -340,6 +367,8 @@ def _train_and_publish(cfg: UpdateConfig, stage: Stage, state: dict | None, base
         _remove_partials(out)
         stage.timings["train_s"] = trained["metrics"]["train_seconds"]
         stage.extra["trainer_state"] = state_report
+        stage.extra["roles"] = {r: {k: v[k] for k in ("share", "steps_with_samples", "step_weight", "beta")}
+                                for r, v in trained["roles"].items()}
         stage.write_manifest(None, summary)
         # Only now is the input's state superseded by a published one.
         if cfg.keep_state_every and Path(cfg.model).is_dir() and trainer_state.prune(cfg.model, cfg.keep_state_every):

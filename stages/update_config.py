@@ -30,6 +30,8 @@ class UpdateConfig:
     tis_cap: float | None = 3.0  # TRL's vllm_importance_sampling_clip_max
     tis_min: float | None = None
     beta: float = 0.0
+    kl_agent: float | None = None  # the Agent's KL coefficient (None: beta)
+    kl_designer: float | None = None  # the Designer's (None: beta)
     kl_reference: str = "base"  # base (the run's iteration-0 model) | previous (the input)
     use_bias_correction_kl: bool = True
     learning_rate: float = 1e-6
@@ -40,8 +42,7 @@ class UpdateConfig:
     temperature: float = 1.0  # for rows that record no sampling temperature
     agent_temperature: float | None = None
     designer_temperature: float | None = None
-    agent_weight: float = 1.0
-    designer_weight: float = 1.0
+    designer_share: float = 0.5  # the Designer's share of the update's policy loss; the Agent's is 1 - it
     invalid_reward: float = -1.0
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1

@@ -236,8 +236,11 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     rewards: dict[str, float] = {}
     slot_rewards: dict[tuple, float] = {}
     broken: set[str] = set()  # envs whose score says too many episodes failed: they teach nothing
-    for _path, _line, rec in read_rows(cfg.scores, "spade.score"):
+    for path, line, rec in read_rows(cfg.scores, "spade.score"):
         assert isinstance(rec, Score)
+        if not math.isfinite(rec.designer_reward):  # one NaN turns every weight of the update into NaN
+            raise InputError(path, line, f"field 'designer_reward' must be a finite number, got "
+                                         f"{rec.designer_reward!r}")
         if "rollout_errors" in (rec.extra.get("flags") or []):
             broken.add(rec.env_id)
         rewards.setdefault(rec.env_id, float(rec.designer_reward))
@@ -253,13 +256,15 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     # With turn credit an entry also has each reply's reward-to-go and, per sample, the reply of
     # each of its tokens.
     episodes: list[tuple[tuple, float, list[Sample], tuple | None]] = []
+    # Where each unit (episode, design) was read: a non-finite advantage names its row.
+    origins: dict[str, list[tuple[Path, int]]] = {"agent": [], "designer": []}
     turn_credit = cfg.agent_credit == "turn"
     want = {"unhinted": (False,), "hinted": (True,), "both": (False, True)}[cfg.agent_episodes]
-    # A role with weight 0 is left out entirely, not multiplied by 0: its tokens would still enter
+    # A role with share 0 is left out entirely, not multiplied by 0: its tokens would still enter
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
     # from a run without it (the fixed-pool baselines rely on that identity).
-    use_rollouts = bool(cfg.rollouts) and cfg.agent_weight != 0.0
-    use_designs = bool(cfg.designs) and cfg.designer_weight != 0.0
+    use_rollouts = bool(cfg.rollouts) and cfg.designer_share != 1.0
+    use_designs = bool(cfg.designs) and cfg.designer_share != 0.0
     seen: dict[str, tuple] = {}  # episode_id -> where and what: a repeat trains once, as regret counts it
     for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if use_rollouts else []:
         assert isinstance(rec, Rollout)
@@ -288,6 +293,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
             if failed:  # no sample, but still a 0 in its group's statistics
                 bump("agent", "failed_no_tokens")
                 episodes.append((group, reward, [], ([0.0], []) if turn_credit else None))
+                origins["agent"].append((path, line))
             else:
                 bump("agent", "skipped_no_tokens")
             continue
@@ -307,6 +313,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         if failed:
             bump("agent", "failed_reward0")
         episodes.append((group, reward, mine, credit))
+        origins["agent"].append((path, line))
 
     for path, line, rec in read_rows(cfg.designs, ("spade.validation", "spade.design")) if use_designs else []:
         assert isinstance(rec, Design)
@@ -334,6 +341,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         group = ("designer", rec.group_id if rec.group_id is not None else f"{path}:{line}")
         groups.check(group, path, line, params)
         samples.append(Sample("designer", group, reward, p, c, mask, lps, temperature=temp))
+        origins["designer"].append((path, line))
 
     kept: list[Sample] = []
     units = {"agent": [u[:3] for u in episodes],
@@ -344,12 +352,13 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
             continue
         adv, keep = grpo.group_advantages(torch.tensor([r for _, r, _ in mine]), [g for g, _, _ in mine],
                                           cfg.scale_rewards)
+        _check_finite(adv.tolist(), origins[role], "advantage")
         groups = {g for g, _, _ in mine}
         live = {g for (g, _, _), k in zip(mine, keep.tolist(), strict=True) if k}
         counts[role].update(samples=sum(len(u[2]) for u in mine), groups=len(groups),
                             zero_spread_groups=len(groups - live))
         if role == "agent" and turn_credit:
-            kept += _credit_turns(episodes, cfg.scale_rewards, counts[role])
+            kept += _credit_turns(episodes, cfg.scale_rewards, counts[role], origins[role])
             continue
         for (_, _, seqs), a, k in zip(mine, adv.tolist(), keep.tolist(), strict=True):
             for s in seqs if k else []:
@@ -357,11 +366,19 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
                 kept.append(s)
     for role, given, used in (("agent", cfg.rollouts, use_rollouts), ("designer", cfg.designs, use_designs)):
         if given and not used:
-            counts[role]["left_out"] = "weight 0"
+            counts[role]["left_out"] = "share 0"
     return kept, counts
 
 
-def _credit_turns(episodes: list, scale: str, counts: dict) -> list[Sample]:
+def _check_finite(values: list[float], origins: list[tuple[Path, int]], what: str) -> None:
+    """Refuse a non-finite advantage (finite rewards whose spread overflows float32), naming its row."""
+    for v, (path, line) in zip(values, origins, strict=True):
+        if not math.isfinite(v):
+            raise InputError(path, line, f"the {what} computed from this row's reward is {v!r}: the rewards "
+                                         "of its group are too large to train on")
+
+
+def _credit_turns(episodes: list, scale: str, counts: dict, origins: list[tuple[Path, int]]) -> list[Sample]:
     """Per-token advantages from each reply's reward-to-go, baselined by the same turn of the other
     episodes of its group; the tokens of a turn position without spread leave the loss."""
     import torch
@@ -375,6 +392,7 @@ def _credit_turns(episodes: list, scale: str, counts: dict) -> list[Sample]:
             values.append(g)
             where.append((e, t))
     adv, keep = grpo.group_advantages(torch.tensor(values), labels, scale)
+    _check_finite(adv.tolist(), [origins[e] for e, _ in where], "turn advantage")
     credit = {w: (a, k) for w, a, k in zip(where, adv.tolist(), keep.tolist(), strict=True)}
     live_labels = {lb for lb, k in zip(labels, keep.tolist(), strict=True) if k}
     counts.update(turn_positions=len(set(labels)), zero_spread_turn_positions=len(set(labels) - live_labels))

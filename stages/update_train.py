@@ -1,26 +1,25 @@
 """`spade update`'s optimizer: model, optimizer and state set-up, and one GRPO pass over the samples.
 
-``prepare`` builds the accelerator, the fp32 model (TRL's fused LM head, dropout off, optional
-LoRA and gradient checkpointing), AdamW and the LR scheduler, the KL reference, and resumes the
-trainer state of the input checkpoint when there is one (``accelerator.load_state``: fp32 master
-weights, Adam moments, scheduler, RNG). ``train_pass`` then
+``prepare`` builds the accelerator, the fp32 model (``stages.update_model``: TRL's fused LM head,
+dropout off; optional LoRA and gradient checkpointing), AdamW and the LR scheduler, the KL
+reference, and resumes the trainer state of the input checkpoint when there is one
+(``accelerator.load_state``: fp32 master weights, Adam moments, scheduler, RNG). ``train_pass`` then
 
 1. recomputes the old log-probs with the trainer before the first optimizer step (as TRL does), so
-   the PPO ratio starts at exactly 1 and measures only this update's own drift;
+   the PPO ratio starts at exactly 1 and measures only this update's own drift; each process
+   computes 1/world of them and the results are gathered (``shard_old_logps``);
 2. weights each sample's policy term by the truncated importance-sampling correction (TIS)
    ``exp(old - sampler)`` against the stored sampler log-probs, which corrects for what the sampler
    did differently (vLLM in bf16, top-p renormalisation, the bf16 rounding of the served weights);
 3. normalises each role's loss over its own tokens or sequences in the step (``grpo.row_scales``),
-   scores each sample at its own sampling temperature, and steps AdamW and the scheduler.
-
-Temperatures: TRL's fused head takes one temperature. When samples differ (the Designer sampled
-at 1.0, the Agent at 0.7), the head runs at 1.0 and a forward hook divides the backbone's last
-hidden state per row by its temperature, which equals dividing the logits because the LM head is
-linear without bias (checked; otherwise mixed temperatures are refused).
+   weights it by the role's share (``stages.update_roles``), scores each sample at its own
+   sampling temperature, and steps AdamW and the scheduler;
+4. refuses a non-finite loss or gradient norm before it reaches the weights.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,22 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spade_cli.core.artifacts import SpadeError
+from stages import update_model, update_roles
 from stages.update_config import UpdateConfig
 
 if TYPE_CHECKING:
     from spade_cli.training.grpo import Sample
-
-
-class RowTemperature:
-    """Per-row temperatures for the next forward (None: the fused head's own temperature)."""
-
-    def __init__(self) -> None:
-        self.value: Any = None
-
-    def hook(self, _module: Any, _args: Any, output: Any) -> Any:
-        if self.value is not None:
-            output.last_hidden_state = output.last_hidden_state / self.value.to(output.last_hidden_state.dtype)
-        return output
 
 
 @dataclass
@@ -54,50 +42,16 @@ class Trainer:
     scheduler: Any
     ref: Any
     tokenizer: Any
-    temps: RowTemperature | None
+    temps: update_model.RowTemperature | None
     ref_kind: str | None  # "adapter_off" | "copy" | None
     counters: dict = field(default_factory=dict)
     snapshots: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
 
 
-def _load(path: str, temperature: float, row_temps: RowTemperature | None, device: Any = None) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
-
-    # the fp32 masters; straight onto the GPU when given one, so no rank holds a host copy
-    kw = {"device_map": {"": device}} if device is not None else {}
-    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
-    add_fused_lm_head(m, temperature=temperature, outputs=("log_probs", "entropy"))
-    disable_dropout_in_model(m)  # as TRL does: sampler and trainer must see one policy
-    if row_temps is not None:
-        head = m.get_output_embeddings()
-        cfg = m.config.get_text_config()
-        if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
-            raise SpadeError("samples at different temperatures need a bias-free, uncapped LM head; "
-                             "update each temperature separately")
-        m.base_model.register_forward_hook(row_temps.hook)
-    return m
-
-
-def _direct_device(acc: Any) -> Any:
-    """The GPU to load the model onto, where the backend keeps a whole replica per rank (one
-    process, DDP, ZeRO-1/2); None under ZeRO-3 and FSDP, whose loaders partition or load on rank 0
-    only, and on the CPU."""
-    from accelerate.utils import DistributedType
-
-    if acc.device.type != "cuda":
-        return None
-    ds = acc.state.deepspeed_plugin
-    if acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU) or (
-            ds is not None and (ds.zero_stage or 0) < 3):
-        return acc.device
-    return None
-
-
-def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, base: str) -> Trainer:
-    """Everything the pass needs; ``state`` (from ``trainer_state.find``) is resumed when given."""
+def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, base: str, kl: bool = False) -> Trainer:
+    """Everything the pass needs; ``state`` (from ``trainer_state.find``) is resumed when given;
+    ``kl``: some role trains with a KL term, so the reference is loaded."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -112,6 +66,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     if ds is not None:  # no dataloader goes through prepare(), so DeepSpeed cannot infer these
         ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.per_device_train_batch_size
         ds.deepspeed_config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
+        update_model.deepspeed_clip(ds.deepspeed_config, cfg.max_grad_norm)
     # Every generator accelerate saves with the state (python, numpy, torch), not only torch's: an
     # unseeded one starts from OS entropy, and the RNG state a pass saves would differ between two
     # identical runs (and between a preempted-and-resumed pass and an uninterrupted one).
@@ -119,8 +74,8 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     uniform = len(temperatures) <= 1
     head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
-    row_temps = None if uniform else RowTemperature()
-    model = _load(cfg.model, head_t, row_temps, _direct_device(accelerator))
+    row_temps = None if uniform else update_model.RowTemperature()
+    model = update_model.load(cfg.model, head_t, row_temps, update_model.direct_device(accelerator))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -134,14 +89,13 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     # The KL reference. With LoRA the frozen base is the adapter switched off: that is the input
     # model on a fresh start, and the run's base model once the adapter persists in the state.
     ref, ref_kind = None, None
-    if cfg.beta != 0.0:
+    if kl:
         ref_path = base if cfg.kl_reference == "base" else cfg.model
         frozen = base if state is not None else cfg.model
         if cfg.lora and ref_path == frozen:
             ref_kind = "adapter_off"
         else:
-            ref = _load(ref_path, head_t, row_temps).eval().requires_grad_(False).to(accelerator.device)
-            ref_kind = "copy"
+            ref, ref_kind = update_model.reference(accelerator, cfg, ref_path, head_t, row_temps), "copy"
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
                             weight_decay=cfg.weight_decay)
@@ -159,6 +113,10 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     counters = {"updates": 0, "optimizer_steps": 0, "base_model": base}
     timings: dict = {"rss_before_load_mb": rss_before}
     if state is not None:
+        from spade_cli.core import checkpoint
+
+        for weights in sorted(Path(state["path"]).glob("*.safetensors")):  # the masters, when not sharded
+            checkpoint.safetensors_header(weights)
         t0 = time.perf_counter()
         accelerator.load_state(state["path"])
         timings["state_load_s"] = round(time.perf_counter() - t0, 3)
@@ -168,18 +126,42 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     return Trainer(accelerator, model, opt, sched, ref, tokenizer, row_temps, ref_kind, counters, snapshots, timings)
 
 
-def logps(model: Any, mb: dict, temps: RowTemperature | None = None) -> tuple[Any, Any]:
-    """Per-token log-probs and entropies (B, C) of the completion positions, at each row's temperature,
-    through TRL's fused LM head (the (B, L, vocab) logits never exist); padded or packed rows."""
-    from spade_cli.training import packing
+def shard_old_logps(tr: Trainer, samples: list[Sample], bs: int, pad_id: int, packed: bool = False) -> int:
+    """Set every sample's ``old_logps``, each process computing 1/world of them: the micro-batches of
+    ``bs`` consecutive samples are dealt round-robin, so each is the batch one process would run
+    (the same log-probs), and the results are gathered onto every process, whose steps need any
+    sample's. Every process runs the same number of forwards (a process short of one repeats its
+    first batch and drops the result): FSDP, ZeRO-3 and DDP's buffer sync make a forward collective.
+    Returns the forwards this process ran."""
+    import torch
 
-    if temps is not None:
-        temps.value = mb["temperature"]
-    try:
-        return packing.completion_logps(model, mb)
-    finally:
-        if temps is not None:
-            temps.value = None
+    from spade_cli.training import grpo
+
+    acc = tr.accelerator
+    world, rank = acc.num_processes, acc.process_index
+    chunks = [samples[i:i + bs] for i in range(0, len(samples), bs)]
+    mine = list(range(rank, len(chunks), world))
+    rounds = -(-len(chunks) // world)
+    done: list[tuple[int, list[list[float]]]] = []
+    with torch.no_grad():
+        for k in range(rounds):
+            c = mine[k] if k < len(mine) else (mine[0] if mine else 0)
+            mb = grpo.collate(chunks[c], chunks[c][0], pad_id, acc.device, packed)
+            with acc.autocast():
+                lp, _ = update_model.logps(tr.model, mb, tr.temps)
+            if k >= len(mine):
+                continue
+            rows = lp.float().tolist()
+            done.append((c, [[v if m else 0.0 for v, m in zip(row[:len(s.mask)], s.mask, strict=True)]
+                             for row, s in zip(rows, chunks[c], strict=False)]))
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        done = gather_object(done)
+    for c, lps in done:
+        for s, lp in zip(chunks[c], lps, strict=True):
+            s.old_logps = lp
+    return rounds
 
 
 def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id: int) -> dict:
@@ -190,16 +172,11 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
     from spade_cli.training import grpo, packing
 
     bs = cfg.per_device_train_batch_size
+    shard_old_logps(tr, samples, bs, pad_id, packing.enabled(cfg.packing, tr.model))
     diffs, weights, raws = [], [], []
     with torch.no_grad():
         for i in range(0, len(samples), bs):
             chunk = samples[i:i + bs]
-            mb = grpo.collate(chunk, chunk[0], pad_id, tr.accelerator.device, packing.enabled(cfg.packing, tr.model))
-            with tr.accelerator.autocast():
-                lp, _ = logps(tr.model, mb, tr.temps)
-            lp = lp.float()
-            for j, s in enumerate(chunk):
-                s.old_logps = [v if m else 0.0 for v, m in zip(lp[j, :len(s.mask)].tolist(), s.mask, strict=True)]
             mb = grpo.collate(chunk, chunk[0], pad_id, "cpu")
             live = torch.tensor([s.sampler_logps is not None for s in chunk])
             mask = mb["mask"] * live[:, None]
@@ -224,6 +201,19 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
         stats["raw_ratio"] = grpo.describe(raw)
         stats["outside_cap_fraction"] = float(((raw < lo) | (raw > hi)).float().mean())
     return stats
+
+
+def _refuse_nonfinite(acc: Any, value: Any, what: str) -> None:
+    """Abort the update, before the backward that would spread it into every weight, when ``value``
+    is NaN or infinite on any process (every process raises at the same call: no collective hangs)."""
+    import torch
+
+    bad = (~torch.isfinite(value.detach())).any().float().reshape(1)
+    if acc.num_processes > 1:
+        bad = acc.reduce(bad, reduction="sum")
+    if bool(bad.item() > 0):
+        raise SpadeError(f"{what} is not finite (NaN or infinite): the model or its inputs carry a non-finite "
+                         "value; nothing was published")
 
 
 def _stop_requested(acc: Any) -> bool:
@@ -254,7 +244,8 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
     pad_id = tr.tokenizer.pad_token_id if tr.tokenizer.pad_token_id is not None else 0
     packed = packing.enabled(cfg.packing, model)
     world, ga = acc.num_processes, cfg.gradient_accumulation_steps
-    keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens")
+    keys = ("loss", "kl", "entropy", "clip_low", "clip_high", "clip_region", "tokens", "seq_tokens", "kl_designer",
+            "tokens_designer")
     if resumed is None:
         t_old = time.time()
         sampler_stats = fill_old_logps(tr, cfg, samples, pad_id)
@@ -268,8 +259,11 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
         sums = torch.tensor(resumed["sums"], dtype=torch.float64)
         tr.counters["optimizer_steps"] = resumed["optimizer_steps"]
     mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
-    weight = {"agent": cfg.agent_weight, "designer": cfg.designer_weight}
-    plan = grpo.plan_steps(len(samples), cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
+    roles = [s.role for s in samples]
+    plan = update_roles.plan(roles, cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
+    balance = update_roles.step_weights(plan, roles, update_roles.resolve_shares(cfg, set(roles)))
+    weight = {r: b["step_weight"] for r, b in balance.items()}
+    beta, kl_on = update_roles.betas(cfg), tr.ref_kind is not None
     t0 = time.time()
     for step, ranks in enumerate(plan):
         if step < start:
@@ -295,6 +289,9 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                 mb = grpo.collate([None if i is None else samples[i] for i in mbatch], fallback, pad_id, acc.device,
                                   packed)
                 w = torch.tensor([0.0 if i is None else weight[samples[i].role] for i in mbatch], device=acc.device)
+                b = torch.tensor([0.0 if i is None else beta[samples[i].role] for i in mbatch], device=acc.device)
+                designer = torch.tensor([i is not None and samples[i].role == "designer" for i in mbatch],
+                                        device=acc.device)
                 c = torch.tensor([0.0 if i is None else scales[i] for i in mbatch], device=acc.device)
                 mask = mb["mask"]
                 is_w = None
@@ -302,29 +299,33 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                     is_w, _ = grpo.sampler_correction(mb["old"], mb["sampler"], mask, cfg.tis_mode, cfg.tis_cap,
                                                       cfg.tis_min)
                 with acc.autocast():
-                    lp, ent = logps(model, mb, tr.temps)
+                    lp, ent = update_model.logps(model, mb, tr.temps)
                     ref_lp = None
-                    if cfg.beta != 0.0:
+                    if kl_on:
                         with torch.no_grad():
                             if tr.ref is not None:
-                                ref_lp, _ = logps(tr.ref, mb, tr.temps)
+                                ref_lp, _ = update_model.logps(tr.ref, mb, tr.temps)
                             else:
                                 with acc.unwrap_model(model).disable_adapter():
-                                    ref_lp, _ = logps(model, mb, tr.temps)
+                                    ref_lp, _ = update_model.logps(model, mb, tr.temps)
                 lp = lp.float()
                 ptl, coef_1, kl = grpo.per_token_loss(
                     lp, mb["old"], mb["adv"], mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                    delta=cfg.delta, importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta,
+                    delta=cfg.delta, importance_sampling_level=cfg.importance_sampling_level, beta=b if kl_on else 0.0,
                     ref_logps=None if ref_lp is None else ref_lp.float(),
                     use_bias_correction_kl=cfg.use_bias_correction_kl, weights=w, is_ratio=is_w)
                 loss = ((ptl * mask).sum(-1) * c).sum()
+                _refuse_nonfinite(acc, loss, f"the loss at optimizer step {step + 1}/{len(plan)}")
                 # accelerate divides by the accumulation steps and DDP averages over processes;
                 # the step's loss is the plain sum of its micro-batch terms, so undo both.
                 acc.backward(loss * ga * world)
                 if acc.sync_gradients and cfg.max_grad_norm and cfg.max_grad_norm > 0:
                     norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    if norm is not None:
+                    if norm is not None:  # the same on every process (the norm of the reduced gradient)
                         grad_norms.append(float(norm))
+                        if not math.isfinite(grad_norms[-1]):
+                            raise SpadeError(f"the gradient norm at optimizer step {step + 1}/{len(plan)} is "
+                                             f"{grad_norms[-1]!r}; nothing was published")
                 opt.step()
                 if acc.sync_gradients:
                     tr.scheduler.step()
@@ -336,7 +337,8 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                 vals = [float(loss), float((kl * mask).sum()) if kl is not None else 0.0,
                         float((ent.float() * mask).sum()) if ent is not None else 0.0, float(clips["clip_low"]),
                         float(clips["clip_high"]), float(clips["clip_region"]), float(mask.sum()),
-                        float(mb["attention_mask"][mb["real"] > 0].sum())]
+                        float(mb["attention_mask"][mb["real"] > 0].sum()),
+                        float((kl * mask)[designer].sum()) if kl is not None else 0.0, float(mask[designer].sum())]
                 sums += torch.tensor(vals, dtype=torch.float64)
         log(f"step {step + 1}/{len(plan)}: grad norm {grad_norms[-1] if grad_norms else float('nan'):.4g}")
     seconds = before + time.time() - t0
@@ -346,7 +348,7 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
     tokens = max(totals["tokens"], 1.0)
     metrics = {
         "loss": totals["loss"] / max(len(plan), 1),
-        "kl": totals["kl"] / tokens if cfg.beta != 0.0 else None,
+        "kl": totals["kl"] / tokens if kl_on else None,
         "entropy": totals["entropy"] / tokens,
         "clip_ratio": {k.split("_")[1]: totals[k] / tokens for k in ("clip_low", "clip_high", "clip_region")},
         "grad_norm": {"mean": sum(grad_norms) / len(grad_norms), "max": max(grad_norms)} if grad_norms else None,
@@ -356,9 +358,13 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
         "tokens_per_s": round(attended / seconds, 1) if seconds > 0 else None,
     }
     roles = {}
+    role_kl = {"designer": (totals["kl_designer"], totals["tokens_designer"]),
+               "agent": (totals["kl"] - totals["kl_designer"], totals["tokens"] - totals["tokens_designer"])}
     for role in ("agent", "designer"):
         mine = [s for s in samples if s.role == role]
         roles[role] = {
+            **balance[role], "beta": beta[role],
+            "kl": role_kl[role][0] / max(role_kl[role][1], 1.0) if kl_on and mine else None,
             "advantage": grpo.describe(torch.tensor([s.advantage for s in mine])),
             "reward": grpo.describe(torch.tensor([s.reward for s in mine])),
             "temperature": sorted({s.temperature for s in mine}),

@@ -64,11 +64,11 @@ def _rows(tok: object) -> list:
 
 
 def _pass(model: object, temps: object, rows: list, packed: bool) -> tuple:
-    from stages import update_train
+    from stages import update_model
 
     model.zero_grad()
     mb = grpo.collate(rows, rows[0], 0, "cpu", packed=packed)
-    lp, ent = update_train.logps(model, mb, temps)
+    lp, ent = update_model.logps(model, mb, temps)
     old = lp.detach() - 0.1 * mb["mask"]  # ratios off 1, some clipped
     ptl, _, _ = grpo.per_token_loss(lp, old, mb["adv"], mb["mask"])
     loss = grpo.aggregate(ptl, mb["mask"], "dapo")
@@ -83,10 +83,10 @@ def test_packed_equals_padded(tiny_model: Path, attention: str) -> None:
     layouts, environment tokens get nothing, and the stand-in row changes nothing."""
     from transformers import AutoTokenizer
 
-    from stages import update_train
+    from stages import update_model
 
-    temps = update_train.RowTemperature()
-    model = update_train._load(str(tiny_model), 1.0, temps)
+    temps = update_model.RowTemperature()
+    model = update_model.load(str(tiny_model), 1.0, temps)
     model.config._attn_implementation = attention
     # eager packs only on request: its (N, N) mask costs more than the padding it saves
     assert packing.enabled("auto", model) == (attention == "sdpa")
@@ -111,9 +111,9 @@ def test_packed_equals_padded(tiny_model: Path, attention: str) -> None:
 @pytest.mark.integration
 def test_which_models_pack(tiny_model: Path) -> None:
     from spade_cli.core.artifacts import SpadeError
-    from stages import update_train
+    from stages import update_model
 
-    model = update_train._load(str(tiny_model), 1.0, None)
+    model = update_model.load(str(tiny_model), 1.0, None)
     assert packing.unsupported(model) is None
     assert packing.enabled("on", model) and not packing.enabled("off", model)
     cfg = model.config

@@ -154,13 +154,13 @@ def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path)
     import torch
 
     from spade_cli.training import grpo
-    from stages import update, update_train
+    from stages import update, update_model, update_train
 
     cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", designs=[], scores=[])
     samples, _ = update.collect_samples(cfg)
     tr = update_train.prepare(cfg, {1.0}, None, str(tiny_model))
     mb = grpo.collate(samples[:4], samples[0], tr.tokenizer.pad_token_id, tr.accelerator.device)
-    logps, _ = update_train.logps(tr.model, mb)
+    logps, _ = update_model.logps(tr.model, mb)
     logps.retain_grad()
     ptl, _, _ = grpo.per_token_loss(logps, logps.detach(), mb["adv"], mb["mask"])  # ratio 1: no clipping
     grpo.aggregate(ptl, mb["mask"], "dapo").backward()
@@ -173,16 +173,17 @@ def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path)
 
 @pytest.mark.integration
 def test_both_roles_contribute(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
-    """Each role alone moves the weights; with both weights at zero nothing moves."""
+    """Each role alone moves the weights (--designer-share 0 and 1), and the two together move them
+    otherwise than either alone."""
     from stages import update
 
     base = _params(tiny_model)
-    moved = {}
-    for name, aw, dw in (("agent", 1.0, 0.0), ("designer", 0.0, 1.0), ("none", 0.0, 0.0)):
-        update.run(_config(artifacts, tiny_model, tmp_path / name, agent_weight=aw, designer_weight=dw))
-        moved[name] = _changed(base, _params(tmp_path / name))
-    assert moved["agent"] > 1e-5 and moved["designer"] > 1e-5
-    assert moved["none"] == 0.0
+    params = {}
+    for name, share in (("agent", 0.0), ("designer", 1.0), ("both", 0.5)):
+        update.run(_config(artifacts, tiny_model, tmp_path / name, designer_share=share))
+        params[name] = _params(tmp_path / name)
+    assert _changed(base, params["agent"]) > 1e-5 and _changed(base, params["designer"]) > 1e-5
+    assert _changed(params["both"], params["agent"]) > 1e-6 and _changed(params["both"], params["designer"]) > 1e-6
 
 
 @pytest.mark.integration

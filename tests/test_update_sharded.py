@@ -142,3 +142,23 @@ def test_host_memory_per_process_does_not_grow_with_the_process_count(tmp_path: 
     print("host memory added (MB): one process", single, "; two:", [added(p) for p in two["per_process"]])
     assert len(two["per_process"]) == 2
     assert all(added(p) <= PER_PROCESS_FACTOR * single for p in two["per_process"]), (one, two)
+
+
+def test_a_kl_reference_under_fsdp_is_rank_0s_on_every_process(artifacts: dict, tiny_model: Path,
+                                                                tmp_path: Path) -> None:
+    """FSDP's rank-0 loading leaves the other processes' copy of the KL reference on the meta
+    device; spade broadcasts rank 0's. Two processes then measure the KL one process measures."""
+    launch, env = _launch(tmp_path)
+    kl = ["--beta", "0.5", "--kl-agent", "0.1"]
+    res = run_spade("update", "--model", tiny_model, "--out", tmp_path / "one", "--per-device-train-batch-size", "4",
+                    *kl, *_common(artifacts))
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([*launch, "update", "--model", str(tiny_model), "--out", str(tmp_path / "two"),
+                          "--per-device-train-batch-size", "2", *kl, *_common(artifacts)],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    one, two = (json.loads((tmp_path / n / "update.json").read_text()) for n in ("one", "two"))
+    assert two["metrics"]["processes"] == 2 and two["kl_reference"]["via"] == "copy"
+    for role in ("agent", "designer"):
+        assert two["roles"][role]["kl"] > 0
+        assert two["roles"][role]["kl"] == pytest.approx(one["roles"][role]["kl"], rel=0.05)

@@ -112,17 +112,17 @@ def test_cli_resumes_state_and_prunes(artifacts: dict, tiny_model: Path, tmp_pat
     assert any(not (f_w[k] == b_w[k]).all() for k in b_w)  # a new Adam takes another step
 
 
-def test_designer_weight_zero_equals_agent_only(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
+def test_designer_share_zero_equals_agent_only(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
     import torch
 
     from stages import update
 
-    update.run(_config(artifacts, tiny_model, tmp_path / "zero", designer_weight=0.0, max_grad_norm=1.0))
+    update.run(_config(artifacts, tiny_model, tmp_path / "zero", designer_share=0.0, max_grad_norm=1.0))
     update.run(_config(artifacts, tiny_model, tmp_path / "agent", designs=[], scores=[], max_grad_norm=1.0))
     z, a = _masters(tmp_path / "zero"), _masters(tmp_path / "agent")
     assert all(torch.equal(z[k], a[k]) for k in a)
     report = json.loads((tmp_path / "zero" / "update.json").read_text())
-    assert report["counts"]["designer"] == {"left_out": "weight 0"}
+    assert report["counts"]["designer"] == {"left_out": "share 0"}
 
 
 def _with_gen(path: Path, out: Path, **gen: object) -> Path:

@@ -7,7 +7,7 @@
 #
 # One seed's warm start (warm.sh) and its probe (probe.sh, the frozen Agent's true gain per cell),
 # then ITERS iterations of recipes/loop.sh in which the Designer writes specs (--contract spec)
-# and only the Designer trains (--agent-weight 0):
+# and only the Designer trains (--designer-share 1):
 #   regret    the Designer is paid the hint-regret of its designs, as SPADE pays it;
 #   shuffled  the same, with each iteration's rewards shuffled among its valid designs
 #             (`spade regret --shuffle-rewards`): validity is still paid, the cell choice is not;
@@ -37,7 +37,7 @@ for SEED in $SEEDS; do
     K="$K" MAX_TURNS="$MAX_TURNS" BACKEND=hf EVAL_EVERY=0 BUDGET_PAIRS="" GROUNDING=0 REPLAY=0 \
     FROZEN_DESIGNER="$frozen" REGRET_ARGS="$regret_args" \
     DESIGN_ARGS="--contract spec --no-example --memory-k 4 --temperature 1.0 --max-tokens 40" \
-    ROLLOUT_ARGS="--max-tokens 16" UPDATE_ARGS="--learning-rate $LR --agent-weight 0" \
+    ROLLOUT_ARGS="--max-tokens 16" UPDATE_ARGS="--learning-rate $LR --designer-share 1" \
       bash recipes/loop.sh
   done
 done

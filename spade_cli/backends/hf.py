@@ -117,11 +117,13 @@ class HFBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+        from spade_cli.core import checkpoint
         from spade_cli.core.artifacts import SpadeError
 
         if dtype not in DTYPES:
             raise SpadeError(f"hf backend: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         self.model = str(model)
+        checkpoint.check(self.model)  # a truncated checkpoint: one line, not a safetensors traceback
         self.device = _pick_device(device)
         self.batch_size = max(1, int(batch_size))
         self.calls = 0

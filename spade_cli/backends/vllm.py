@@ -54,6 +54,7 @@ class VLLMBackend:
     def __init__(self, model: str, dtype: str = "bfloat16", gpu_memory_utilization: float | None = 0.85,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, seed: int = 0,
                  enforce_eager: bool = False, data_parallel_size: int = 1, **engine_kwargs: Any) -> None:
+        from spade_cli.core import checkpoint
         from spade_cli.core.artifacts import SpadeError
 
         if dtype not in DTYPES:
@@ -64,6 +65,7 @@ class VLLMBackend:
             raise SpadeError(f"vllm backend: cannot import vllm ({exc}); install the extra: "
                              "pip install 'spade[vllm]'") from None
         self.model = str(model)
+        checkpoint.check(self.model)
         self.calls = 0
         self.llm: Any = None
         self.workers: list[Any] = []

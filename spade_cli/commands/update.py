@@ -16,6 +16,7 @@ _STATE = "Trainer state"
 # A panel of its own: beside other options its --no-... column would not fit 80 columns.
 _SAMPLER = "Importance sampling"
 _CREDIT = "Agent credit"
+_ROLES = "Role balance"
 
 
 def _opt(flag: str, help: str, panel: str = _LOSS, **kw: object) -> typer.models.OptionInfo:
@@ -53,7 +54,11 @@ def update(
         "--tis-mode", "TRL's names.", _SAMPLER)] = "token_truncate",
     tis_cap: Annotated[float | None, _opt("--tis-cap", "Upper cap of the correction weight.", _SAMPLER)] = 3.0,
     tis_min: Annotated[float | None, _opt("--tis-min", "Lower cap (default: none).", _SAMPLER)] = None,
-    beta: Annotated[float, _opt("--beta", "KL coefficient (k3 estimator).")] = 0.0,
+    beta: Annotated[float, _opt("--beta", "KL coefficient (k3 estimator), both roles.")] = 0.0,
+    kl_agent: Annotated[float | None, _opt("--kl-agent", "The Agent's KL coefficient (default: --beta).", _ROLES)]
+    = None,
+    kl_designer: Annotated[float | None, _opt("--kl-designer", "The Designer's KL coefficient (default: --beta).",
+                                              _ROLES)] = None,
     kl_reference: Annotated[Literal["base", "previous"], _opt("--kl-reference", "KL to: base (the run's first model) or previous.")]
     = "base",
     temperature: Annotated[float, _opt("--temperature", "Sampling temperature of rows that record none.")]
@@ -62,8 +67,9 @@ def update(
                                                     "rows record).")] = None,
     designer_temperature: Annotated[float | None, _opt("--designer-temperature", "The Designer's (default: "
                                                        "as the rows record).")] = None,
-    agent_weight: Annotated[float, _opt("--agent-weight", "Weight of the Agent's policy term.")] = 1.0,
-    designer_weight: Annotated[float, _opt("--designer-weight", "Weight of the Designer's policy term.")] = 1.0,
+    designer_share: Annotated[float, _opt("--designer-share", "The Designer's share of the policy loss over the "
+                                          "update, the Agent's is 1 - it (0: Designer left out).", _ROLES,
+                                          min=0.0, max=1.0)] = 0.5,
     invalid_reward: Annotated[float, _opt("--invalid-reward", "Designer reward of an invalid design that has no score row.")] = -1.0,
     max_completion_length: Annotated[int | None, _opt(
         "--dr-grpo-length", "dr_grpo's per-sequence divisor, TRL's max_completion_length; caps nothing "
@@ -125,8 +131,8 @@ def update(
         importance_sampling=importance_sampling, tis_mode=tis_mode, tis_cap=tis_cap, tis_min=tis_min, beta=beta,
         kl_reference=kl_reference, learning_rate=learning_rate, lr_scheduler_type=lr_scheduler_type,
         warmup_steps=warmup_steps, max_steps=max_steps, weight_decay=weight_decay, temperature=temperature,
-        agent_temperature=agent_temperature, designer_temperature=designer_temperature, agent_weight=agent_weight,
-        designer_weight=designer_weight, invalid_reward=invalid_reward,
+        agent_temperature=agent_temperature, designer_temperature=designer_temperature, designer_share=designer_share,
+        kl_agent=kl_agent, kl_designer=kl_designer, invalid_reward=invalid_reward,
         per_device_train_batch_size=per_device_train_batch_size,
         gradient_accumulation_steps=gradient_accumulation_steps, num_iterations=num_iterations,
         max_grad_norm=max_grad_norm, max_completion_length=max_completion_length, lora=lora, lora_r=lora_r,

@@ -87,13 +87,14 @@ def group_advantages(rewards: torch.Tensor, groups: Sequence, scale: str = "grou
 def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
                    mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float | None = None,
                    delta: float | None = None, importance_sampling_level: str = "token",
-                   beta: float = 0.0, ref_logps: torch.Tensor | None = None,
+                   beta: float | torch.Tensor = 0.0, ref_logps: torch.Tensor | None = None,
                    use_bias_correction_kl: bool = True, weights: torch.Tensor | None = None,
                    is_ratio: torch.Tensor | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token GRPO loss (B, T), the importance ratio and the per-token KL (or None).
 
     ``logps``/``old_logps``/``ref_logps``/``mask``: (B, T); ``advantages`` and ``weights``: (B,);
+    ``beta``: one coefficient or one per row, (B,);
     ``is_ratio``: the sampler correction, (B, T) or (B, 1), multiplying the policy term only
     (TRL applies it before adding the KL).
     """
@@ -108,7 +109,7 @@ def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: tor
         raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
     coef_1 = torch.exp(log_w)
     kl = None
-    if beta != 0.0:
+    if isinstance(beta, torch.Tensor) or beta != 0.0:
         if ref_logps is None:
             raise ValueError("beta != 0 needs reference log-probs")
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
@@ -123,7 +124,7 @@ def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: tor
     if weights is not None:
         loss = loss * weights.unsqueeze(-1)
     if kl is not None:
-        loss = loss + beta * kl
+        loss = loss + (beta.unsqueeze(-1) if isinstance(beta, torch.Tensor) else beta) * kl
     # Sequence-level ratios are (B, 1); broadcast so every caller sees (B, T).
     return loss.expand_as(mask).contiguous() if loss.shape != mask.shape else loss, coef_1, kl
 

@@ -161,3 +161,13 @@ def audit(served_before: dict, master_before: dict | None, master_after: dict, s
     from spade_cli.training import masters
 
     return masters.figures(masters.sums(served_before, master_before, master_after, served_after))
+
+
+def refuse_nonfinite(names: list[str]) -> None:
+    """Refuse to publish weights of which the tensors ``names`` hold NaN or infinity (a blow-up the
+    loss guard cannot see, such as a cast to float16 that overflows)."""
+    if names:
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        raise SpadeError(f"the updated weights are not finite (NaN or infinite) in {names[0]}{more}; "
+                         "nothing was published")
+

@@ -287,7 +287,7 @@ for ((i = 0; i < ITERS; i++)); do
   submit_update() {
     if ! done_ "$next_ckpt"; then
       export ITER="$i" CKPT="$ckpt" UPDATE_ARGS="$UPDATE_ARGS_BASE"
-      [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && UPDATE_ARGS+=" --designer-weight 0"
+      [[ -n "$POOL" || "$FROZEN_DESIGNER" == 1 ]] && UPDATE_ARGS+=" --designer-share 0"
       [[ "$PIPELINE" == 1 ]] && UPDATE_ARGS+=" --max-staleness $STALENESS"
       after="$(submit $(dep) --nodes="$UPDATE_NODES" "$HERE/update.sbatch")"
     fi
