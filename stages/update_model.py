@@ -6,7 +6,7 @@ entropies without ever materialising the (batch, length, vocab) logits, dropout 
 and, for samples drawn at several temperatures, a hook that divides each row's final hidden state by
 its temperature (the same as dividing its logits, for a bias-free LM head, which is checked).
 ``reference`` loads the frozen KL reference whole on every process (bf16 when training in bf16;
-rank 0's tensors broadcast under FSDP's rank-0 loading; refused under ZeRO-3).
+refused under ZeRO-3).
 ``deepspeed_clip`` makes DeepSpeed's own clip the ``--max-grad-norm`` one.
 """
 
@@ -94,23 +94,15 @@ def check_reference_backend(zero_stage: int | None) -> None:
 
 def reference(acc: Any, cfg: UpdateConfig, path: str, temperature: float, row_temps: RowTemperature | None) -> Any:
     """The frozen KL reference, whole on every process: in bf16 when training in bf16 (its log-probs
-    are taken under bf16 autocast anyway; half the memory of fp32), straight onto the GPU. Under
-    FSDP's rank-0 loading transformers leaves the other processes' copy on the meta device, so
-    rank 0's tensors are broadcast to them."""
+    are taken under bf16 autocast anyway; half the memory of fp32), straight onto the GPU where the
+    backend keeps a whole replica. Under FSDP every process reads it from disk (transformers' rank-0
+    loading leaves only missing keys to rank 0's broadcast); under ZeRO-3 it is refused."""
     import torch
-    from accelerate.utils import DistributedType
 
     ds = acc.state.deepspeed_plugin
     check_reference_backend(ds.zero_stage if ds is not None else None)
     ref = load(path, temperature, row_temps, direct_device(acc), torch.bfloat16 if cfg.bf16 else None)
-    ref = ref.eval().requires_grad_(False)
-    if acc.distributed_type != DistributedType.FSDP or acc.num_processes == 1:
-        return ref.to(acc.device)
-    ref = ref.to_empty(device=acc.device) if any(p.is_meta for p in ref.parameters()) else ref.to(acc.device)
-    with torch.no_grad():
-        for t in [*ref.parameters(), *ref.buffers()]:
-            torch.distributed.broadcast(t.data, src=0)
-    return ref
+    return ref.eval().requires_grad_(False).to(acc.device)
 
 
 def logps(model: Any, mb: dict, temps: RowTemperature | None = None) -> tuple[Any, Any]:

@@ -144,10 +144,10 @@ def test_host_memory_per_process_does_not_grow_with_the_process_count(tmp_path: 
     assert all(added(p) <= PER_PROCESS_FACTOR * single for p in two["per_process"]), (one, two)
 
 
-def test_a_kl_reference_under_fsdp_is_rank_0s_on_every_process(artifacts: dict, tiny_model: Path,
-                                                                tmp_path: Path) -> None:
-    """FSDP's rank-0 loading leaves the other processes' copy of the KL reference on the meta
-    device; spade broadcasts rank 0's. Two processes then measure the KL one process measures."""
+def test_a_kl_reference_under_fsdp_is_whole_on_every_process(artifacts: dict, tiny_model: Path,
+                                                              tmp_path: Path) -> None:
+    """The KL reference is not wrapped by FSDP: every process must hold all of it (not a rank-0-only
+    load left on the meta device elsewhere). Two processes measure the KL one process measures."""
     launch, env = _launch(tmp_path)
     kl = ["--beta", "0.5", "--kl-agent", "0.1"]
     res = run_spade("update", "--model", tiny_model, "--out", tmp_path / "one", "--per-device-train-batch-size", "4",
