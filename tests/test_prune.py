@@ -441,3 +441,29 @@ def test_a_five_iteration_loop_ends_with_one_trainer_state_and_the_kept_checkpoi
     from spade_cli.training import trainer_state
 
     assert not trainer_state.find(str(ck / "iter_0005")).get("pruned")
+
+
+@pytest.mark.unit
+def test_update_keep_state_every_never_deletes_through_a_link(tmp_path):
+    """`spade update --keep-state-every` prunes the state of its --model: a state directory that
+    is a link, or a link inside it, must not take what it points at with it."""
+    from spade_cli.training import trainer_state
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "optimizer.bin").write_bytes(b"x" * 10)
+    trainer_state.write_meta(outside, {"updates": 3})
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / trainer_state.STATE_DIR).symlink_to(outside)
+    assert not trainer_state.prune(str(linked), 2)
+    assert (outside / "optimizer.bin").exists()
+
+    own = tmp_path / "own"
+    (own / trainer_state.STATE_DIR).mkdir(parents=True)
+    trainer_state.write_meta(own / trainer_state.STATE_DIR, {"updates": 3})
+    (own / trainer_state.STATE_DIR / "weights").symlink_to(outside)
+    (own / trainer_state.STATE_DIR / "optimizer.bin").write_bytes(b"y")
+    assert trainer_state.prune(str(own), 2)
+    assert not (own / trainer_state.STATE_DIR / "optimizer.bin").exists()
+    assert (outside / "optimizer.bin").exists()  # the link went, its target stayed

@@ -76,9 +76,11 @@ def prune(checkpoint: str, keep_every: int) -> bool:
     if keep_every <= 0 or state is None or state.get("pruned") or state.get("updates", 0) % keep_every == 0:
         return False
     d = Path(state["path"])
+    if Path(checkpoint).is_symlink() or d.is_symlink():
+        return False  # never delete through a link: what it points at is not this checkpoint's
     for child in d.iterdir():
-        if child.name != META:
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if child.name != META:  # a link inside goes, what it points at stays
+            child.unlink() if child.is_symlink() or not child.is_dir() else shutil.rmtree(child)
     write_meta(d, {**{k: v for k, v in state.items() if k not in ("path", "format")}, "pruned": True})
     return True
 
