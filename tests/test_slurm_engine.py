@@ -93,8 +93,9 @@ def test_the_driver_on_one_fleet_loads_each_checkpoint_into_the_same_engines(clu
         m = json.loads((run / f"{out}.manifest.json").read_text())
         assert m["config"]["backend"] == "openai", (out, m["config"])
         assert (tmp_path / m["config"]["model"]).resolve() == ckpt, (out, m["config"])
+        # data_parallel_size: the engines the requests were pinned across (one per stand-in node)
         assert m["server"] == {"url": server, "served_model": "spade", "checkpoint": str(ckpt), "verified": True,
-                               "accepted_foreign": False}, (out, m["server"])
+                               "accepted_foreign": False, "data_parallel_size": 1}, (out, m["server"])
     assert all(r["turns"] for r in _rows(run / "iter_0001" / "rollouts.shard-00-of-02.jsonl"))
 
     # the driver cancelled the fleet at its end: the job is over and its engine stopped
