@@ -270,8 +270,6 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     update_roles.stated_shares(cfg)  # refuses a share outside [0, 1]
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
-    # Before anything reads it or republishes it (the unchanged path copies it as the new checkpoint).
-    checkpoint.check(cfg.model)
     inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
     if Path(cfg.model).is_dir():
         inputs["model"] = [Path(cfg.model)]
@@ -297,6 +295,9 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
         _remove_partials(out)
     state, base = _resolve_state(cfg)
     samples, counts = collect_samples(cfg)
+    # Before the weights are loaded or republished (the unchanged path copies them as the new
+    # checkpoint); after the outputs and rows are checked, which name the more specific mistake.
+    checkpoint.check(cfg.model)
     if not samples:
         # Common early in a run (every return 0): nothing to learn is not a failure of the loop.
         return _pass_through(cfg, stage, counts, log, t0)
