@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-# what a list shows: short common words, each one token for the small model's tokenizer
+# what a list shows: short common words
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "candle",
          "rocket", "garden", "pencil", "forest", "silver", "bridge"]
 LEVELS = (1, 2, 3, 4, 5)
