@@ -76,17 +76,11 @@ def plan(roles: list[str], batch_size: int, grad_accum: int, world: int, epochs:
          ) -> list[list[list[list[int | None]]]]:
     """``grpo.plan_steps``'s structure (steps -> processes -> micro-batches of sample indices, a
     short step filled with ``None``) over an order that spreads each role over the steps."""
-    per_step = batch_size * grad_accum * world
+    from spade_cli.training import grpo
+
     steps = []
     for epoch in range(epochs):
-        order = _order(roles, random.Random(seed * 1000 + epoch))
-        for start in range(0, len(order), per_step):
-            chunk = order[start:start + per_step]
-            ranks = []
-            for r in range(world):
-                mine = chunk[r::world]
-                ranks.append([mine[i * batch_size:(i + 1) * batch_size] or [None] for i in range(grad_accum)])
-            steps.append(ranks)
+        steps += grpo.deal(_order(roles, random.Random(seed * 1000 + epoch)), batch_size, grad_accum, world)
     return steps
 
 

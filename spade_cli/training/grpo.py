@@ -264,19 +264,25 @@ def plan_steps(n: int, batch_size: int, grad_accum: int, world: int, epochs: int
     DeepSpeed and DDP need matching backward calls; a short last step is filled with ``None``
     (a zero-weight stand-in).
     """
-    bs, ga = batch_size, grad_accum
-    per_step = bs * ga * world
     steps = []
     for epoch in range(epochs):
         order = list(range(n))
         random.Random(seed * 1000 + epoch).shuffle(order)
-        for start in range(0, n, per_step):
-            chunk = order[start:start + per_step]
-            ranks = []
-            for r in range(world):
-                mine = chunk[r::world]
-                ranks.append([mine[i * bs:(i + 1) * bs] or [None] for i in range(ga)])
-            steps.append(ranks)
+        steps += deal(order, batch_size, grad_accum, world)
+    return steps
+
+
+def deal(order: list[int], batch_size: int, grad_accum: int, world: int) -> list[list[list[list[int | None]]]]:
+    """One pass over ``order`` as ``plan_steps`` lays it out: steps -> processes -> micro-batches."""
+    per_step = batch_size * grad_accum * world
+    steps = []
+    for start in range(0, len(order), per_step):
+        chunk = order[start:start + per_step]
+        ranks = []
+        for r in range(world):
+            mine = chunk[r::world]
+            ranks.append([mine[i * batch_size:(i + 1) * batch_size] or [None] for i in range(grad_accum)])
+        steps.append(ranks)
     return steps
 
 
