@@ -22,6 +22,8 @@
 # (`spade eval --compare`: the difference, its z-score and the z of the per-seed differences).
 # Rerunnable: every finished step is "up to date".
 set -euo pipefail
+# shellcheck source=/dev/null
+source "$(dirname "${BASH_SOURCE[0]}")/curriculum/space.env"   # the Designer's prompt options in the space
 cd "$(dirname "$0")/.."
 T0=$SECONDS
 VENV="${VENV:-.venv}"
@@ -68,7 +70,7 @@ took "held-out suite + eval of iteration 0"
 MODEL="$RUN/model/warm" RUN="$RUN" ITERS="$ITERS" SEED="$SEED" N_ENVS="$N_ENVS" GROUP="$GROUP" K="$K" \
 MAX_TURNS="$MAX_TURNS" REPLAY=0 BACKEND=hf BUDGET_PAIRS="" GROUNDING=0 \
 EVAL_EVERY="$ITERS" EVAL_TASKS="$EVAL_TASKS" EVAL_ARGS="$EVAL_ARGS" \
-DESIGN_ARGS="--contract spec --no-example --memory-k 4 --temperature 1.0 --max-tokens 40" \
+DESIGN_ARGS="$SPEC_DESIGN_ARGS" \
 ROLLOUT_ARGS="--max-tokens 16" \
 UPDATE_ARGS="--learning-rate $AGENT_LR --agent-credit turn --turn-gamma 0 --agent-episodes both" \
   bash recipes/loop.sh

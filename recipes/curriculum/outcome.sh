@@ -15,6 +15,8 @@
 #   shuffled_regret  the Designer paid its iteration's earned rewards permuted (ablations/shuffled_regret.env)
 #   no_memory        no memory in the Designer's prompt
 set -euo pipefail
+# shellcheck source=/dev/null
+source "$(dirname "${BASH_SOURCE[0]}")/space.env"   # the Designer's prompt options in the space
 cd "$(dirname "$0")/../.."
 ROOT="${ROOT:-runs/curriculum}" ITERS="${ITERS:-20}" SEEDS="${SEEDS:-0 1 2}"
 ARMS="${ARMS:-spade space_pool frozen_designer shuffled_regret no_memory}"
@@ -27,7 +29,7 @@ spade validate --designs "$ROOT/heldout/designs.jsonl" --out "$suite"
 export MODEL="$ROOT/seed0/model/warm" ITERS N_ENVS K MAX_TURNS GROUP=4 BUDGET_PAIRS=$((N_ENVS * K)) \
   BACKEND=hf GROUNDING=0 REPLAY=0 EVAL_EVERY="$ITERS" EVAL_TASKS="envs:$suite" \
   EVAL_ARGS="--seed 1000 --k $EVAL_K --max-turns $MAX_TURNS --max-tokens 16 --temperature 1.0" \
-  DESIGN_ARGS="--contract spec --no-example --memory-k 4 --temperature 1.0 --max-tokens 40" \
+  DESIGN_ARGS="$SPEC_DESIGN_ARGS" \
   ROLLOUT_ARGS="--max-tokens 16" \
   UPDATE_ARGS="--learning-rate $LR --agent-credit turn --turn-gamma 0 --agent-episodes both"
 EXP="$ROOT/outcome" ARMS="$ARMS" SEEDS="$SEEDS" bash recipes/experiment.sh

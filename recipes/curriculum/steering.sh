@@ -16,6 +16,8 @@
 # The figure: the true (probe) regret of the cells the Designer chooses, and their share in
 # learnable cells, in the last iterations. Rerunnable; a stopped run resumes.
 set -euo pipefail
+# shellcheck source=/dev/null
+source "$(dirname "${BASH_SOURCE[0]}")/space.env"   # the Designer's prompt options in the space
 cd "$(dirname "$0")/../.."
 ROOT="${ROOT:-runs/curriculum}" SEEDS="${SEEDS:-0 1 2}" ARMS="${ARMS:-regret shuffled frozen}"
 ITERS="${ITERS:-10}" N_ENVS="${N_ENVS:-16}" K="${K:-4}" PROBE_K="${PROBE_K:-16}" MAX_TURNS="${MAX_TURNS:-6}"
@@ -36,7 +38,7 @@ for SEED in $SEEDS; do
     MODEL="$base/model/warm" RUN="$base/steering/$arm" ITERS="$ITERS" SEED="$SEED" N_ENVS="$N_ENVS" GROUP=4 \
     K="$K" MAX_TURNS="$MAX_TURNS" BACKEND=hf EVAL_EVERY=0 BUDGET_PAIRS="" GROUNDING=0 REPLAY=0 \
     FROZEN_DESIGNER="$frozen" REGRET_ARGS="$regret_args" \
-    DESIGN_ARGS="--contract spec --no-example --memory-k 4 --temperature 1.0 --max-tokens 40" \
+    DESIGN_ARGS="$SPEC_DESIGN_ARGS" \
     ROLLOUT_ARGS="--max-tokens 16" UPDATE_ARGS="--learning-rate $LR --designer-share 1" \
       bash recipes/loop.sh
   done
