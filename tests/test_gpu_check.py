@@ -1,4 +1,5 @@
-"""recipes/gpu_check.sh on its CPU path (DRY=1), and what keeps its figures when a part breaks.
+"""The GPU check (recipes/gpu_check.sh -> recipes/gpu_check.py run) on its CPU path (DRY=1), and what
+keeps its figures when a part breaks.
 
 The dry run is the real script end to end at toy sizes: a folder of wheels installed offline,
 every part under its own time limit, each part's record appended to OUT/parts.jsonl as it ends,
@@ -181,7 +182,7 @@ def test_the_wheel_gatherer_never_replaces_a_folder_it_did_not_write(tmp_path: P
     theirs = tmp_path / "wheels"
     theirs.mkdir()
     (theirs / "keep.txt").write_text("mine")
-    res = subprocess.run(["bash", str(REPO / "recipes" / "gpu_wheels.sh"), str(theirs)], capture_output=True,
-                         text=True, env={**os.environ, "PYTHON": sys.executable})
+    res = subprocess.run([sys.executable, str(REPO / "recipes" / "gpu_check.py"), "wheels", str(theirs)],
+                         capture_output=True, text=True)
     assert res.returncode == 2 and "was not written by this script" in res.stderr
     assert (theirs / "keep.txt").read_text() == "mine"
