@@ -61,7 +61,7 @@ def gather(folder: Path, py_version: str, max_mib: float, deepspeed: str, extra:
             print(f"gpu_wheels: {d} exists and was not written by this script; give another folder",
                   file=sys.stderr)
             raise SystemExit(2)
-    print(f"gpu_wheels: into {folder} for Python {py_version}, at most {max_mib} MiB, with {sys.executable}",
+    print(f"gpu_wheels: into {folder} for Python {py_version}, at most {max_mib:g} MiB, with {sys.executable}",
           file=sys.stderr)
     pinned = _pinned()
     shutil.rmtree(tmp, ignore_errors=True)
@@ -84,11 +84,11 @@ def gather(folder: Path, py_version: str, max_mib: float, deepspeed: str, extra:
         f.write("".join(w + "\n" for w in wheels))
     mib = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) / 2**20
     if mib > max_mib:
-        raise SystemExit(f"gpu_wheels: {mib:.1f} MiB is over the limit of {max_mib} MiB; the wheels are kept in {tmp}")
+        raise SystemExit(f"gpu_wheels: {mib:.1f} MiB is over the limit of {max_mib:g} MiB; the wheels are kept in {tmp}")
     if folder.exists():  # written by this command (checked above): replaced whole
         old = folder.with_name(f"{folder.name}.old.{os.getpid()}")
         folder.rename(old)
         shutil.rmtree(old)
     tmp.rename(folder)
-    print(f"gpu_wheels: {len(wheels)} wheels, {mib:.1f} MiB in {folder} (limit {max_mib} MiB)", file=sys.stderr)
+    print(f"gpu_wheels: {len(wheels)} wheels, {mib:.1f} MiB in {folder} (limit {max_mib:g} MiB)", file=sys.stderr)
     return round(mib, 1)
