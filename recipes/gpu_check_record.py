@@ -2,13 +2,13 @@
 the summary line.
 
 A part's record is the JSON object its command printed last, with its status (``ok``, ``skipped``
-when the part says so or could not start, ``failed`` with the end of its log or when the script
-was stopped during it, ``timeout`` when its own time limit killed it), seconds and limit.
-Records are appended to ``OUT/parts.jsonl`` and flushed to disk as
-each part ends, so whatever finished survives a failure, a timeout or a kill of the rest. One file
-rather than one per part: a machine that hands back only a few files still returns them all. A
-rerun with the same OUT (``PARTS=zero2`` to retry one part) appends; the summary of a run gathers
-that run's records, and ``summary.json`` beside them holds the same line.
+when the part says so or could not start, ``failed`` with the end of its log or when the check was
+stopped during it, ``timeout`` when its own time limit killed it), seconds and limit. Records are
+appended to ``OUT/parts.jsonl`` and flushed to disk as each part ends, so whatever finished
+survives a failure, a timeout or a kill of the rest. One file rather than one per part: a machine
+that hands back only a few files still returns them all. A rerun with the same OUT (``PARTS=zero2``
+to retry one part) appends; the summary of a run gathers that run's records, and ``summary.json``
+beside them holds the same line.
 """
 
 from __future__ import annotations
