@@ -186,3 +186,14 @@ def test_the_wheel_gatherer_never_replaces_a_folder_it_did_not_write(tmp_path: P
                          capture_output=True, text=True)
     assert res.returncode == 2 and "was not written by this script" in res.stderr
     assert (theirs / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.unit
+def test_the_cuda_only_checks_skip_without_cuda(tmp_path: Path) -> None:
+    """`smoke` and `vllm` run everywhere and say why they did nothing, so a CI step may call them."""
+    for name in ("smoke", "vllm"):
+        res = subprocess.run([sys.executable, str(REPO / "recipes" / "gpu_check.py"), name, str(tmp_path / name)],
+                             capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert res.returncode == 0, res.stderr[-2000:]
+        line = json.loads(res.stdout.strip().splitlines()[-1])
+        assert line["status"] == "skipped" and "CUDA" in line["why"], line
