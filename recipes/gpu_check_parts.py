@@ -57,7 +57,7 @@ def install(work: Path, wheels: Path | None) -> dict:
     else:
         files = sorted(str(p) for p in wheels.glob("*.whl"))
         if not files:
-            raise SystemExit(f"{wheels}: no wheels in this folder (recipes/gpu_wheels.sh gathers them)")
+            raise SystemExit(f"{wheels}: no wheels in this folder (python recipes/gpu_check.py wheels gathers them)")
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
                         "--no-deps", "--no-compile", "--disable-pip-version-check", "--target", str(site),
