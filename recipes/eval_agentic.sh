@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # eval_agentic.sh — the paper's tool-use and code suites (BFCL v4, ACEBench, tau2-bench, LiveCodeBench v6)
-# through evalscope, against a `vllm serve` of the checkpoint started here.
+# through evalscope, against the checkpoint served here by `spade serve` (docs/backends.md).
 #
 #   MODEL=runs/main/ckpt/iter_0400 OUT=runs/main/eval/agentic_0400.jsonl bash recipes/eval_agentic.sh
 #   BASE_URL=http://node7:8000/v1 MODEL=served-name OUT=eval.jsonl bash recipes/eval_agentic.sh   # server already up
@@ -18,8 +18,8 @@ OUT="${OUT:?set OUT to the eval.jsonl to write}"
 TASKS="${TASKS:-evalscope:bfcl_v4,evalscope:acebench,evalscope:tau2_bench,evalscope:live_code_bench}"
 LIMIT="${LIMIT:-}"                       # items per benchmark (empty: all)
 PORT="${PORT:-8000}"
-BASE_URL="${BASE_URL:-}"                 # empty: start `vllm serve MODEL` on PORT here
-TP="${TP:-1}"                            # tensor parallel size for vllm serve
+BASE_URL="${BASE_URL:-}"                 # empty: `spade serve` MODEL on PORT here (state in OUT.serve/)
+TP="${TP:-1}"                            # tensor parallel size of the server
 MAX_MODEL_LEN="${MAX_MODEL_LEN:-32768}"
 MAX_TOKENS="${MAX_TOKENS:-16384}"
 EVALSCOPE_VENV="${EVALSCOPE_VENV:-.venv-evalscope}"
@@ -27,35 +27,20 @@ EVALSCOPE_VERSION="${EVALSCOPE_VERSION:-1.14.1}"
 EVAL_ARGS="${EVAL_ARGS:-}"               # extra flags for `spade eval`
 SPADE="${SPADE:-spade}"
 
-echo "== eval_agentic: model=$MODEL tasks=$TASKS out=$OUT limit=${LIMIT:-all} base_url=${BASE_URL:-<vllm serve on :$PORT>}" >&2
+echo "== eval_agentic: model=$MODEL tasks=$TASKS out=$OUT limit=${LIMIT:-all} base_url=${BASE_URL:-<spade serve on :$PORT>}" >&2
 
 if [[ ! -x "$EVALSCOPE_VENV/bin/evalscope" ]]; then
   python3 -m venv "$EVALSCOPE_VENV"
   "$EVALSCOPE_VENV/bin/pip" install --quiet "evalscope==$EVALSCOPE_VERSION"
 fi
 
-server_pid=""
-cleanup() { [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null || true; }
-trap cleanup EXIT
-served="$MODEL"
-if [[ -z "$BASE_URL" ]]; then
-  served="$(basename "$MODEL")"
-  mkdir -p "$(dirname "$OUT")"
-  vllm serve "$MODEL" --served-model-name "$served" --port "$PORT" --tensor-parallel-size "$TP" \
-    --max-model-len "$MAX_MODEL_LEN" --enable-auto-tool-choice --tool-call-parser hermes \
-    >"$OUT.vllm.log" 2>&1 &
-  server_pid=$!
+if [[ -z "$BASE_URL" ]]; then  # spade serve returns once the server answers /health; stopped on exit
+  serve=(--run-dir "$OUT.serve")
+  trap '"$SPADE" serve "${serve[@]}" --do stop >/dev/null || true' EXIT
+  "$SPADE" serve "${serve[@]}" --model "$MODEL" --port "$PORT" --tensor-parallel-size "$TP" --max-model-len \
+    "$MAX_MODEL_LEN" --engine-arg enable_auto_tool_choice=true --engine-arg tool_call_parser=hermes >/dev/null
   BASE_URL="http://127.0.0.1:$PORT/v1"
-  for _ in $(seq 1 180); do   # up to 15 minutes for a large checkpoint to load
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-    kill -0 "$server_pid" 2>/dev/null || { echo "vllm serve exited; see $OUT.vllm.log" >&2; exit 1; }
-    sleep 5
-  done
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { echo "vllm serve did not come up" >&2; exit 1; }
 fi
-
-limit_flags=()
-[[ -n "$LIMIT" ]] && limit_flags=(--limit "$LIMIT")
 # shellcheck disable=SC2086
-"$SPADE" eval --model "$served" --backend openai --base-url "$BASE_URL" --tasks "$TASKS" --out "$OUT" \
-  --max-tokens "$MAX_TOKENS" --evalscope-bin "$EVALSCOPE_VENV/bin/evalscope" "${limit_flags[@]}" $EVAL_ARGS
+"$SPADE" eval --model "$MODEL" --backend openai --base-url "$BASE_URL" --tasks "$TASKS" --out "$OUT" \
+  --max-tokens "$MAX_TOKENS" --evalscope-bin "$EVALSCOPE_VENV/bin/evalscope" ${LIMIT:+--limit "$LIMIT"} $EVAL_ARGS

@@ -1,282 +1,249 @@
-"""The parts of recipes/gpu_check.sh, one subcommand each; every part prints one JSON line last.
+"""The GPU check: spade's update and generation on one GPU without network, in parts that each report.
 
-    python recipes/gpu_check.py install WORK --wheels gpu_wheels   # pip --no-index into WORK/site
-    python recipes/gpu_check.py build WORK --shape gpu --vocab 151936 --n 32 --prompt 1024 --completion 5120
-    python recipes/gpu_check.py update WORK ck1 --from model --batch 4 --bf16     # one `spade update`
-    python recipes/gpu_check.py update WORK ckz --from model --zero2 --like ck1     # the same under ZeRO-2
-    python recipes/gpu_check.py resume WORK --first ck1 --chained ck2               # one process, two passes
-    python recipes/gpu_check.py generate WORK --from ck2                            # the hf backend
+    python recipes/gpu_check.py wheels gpu_wheels     # first, on a networked CPU machine (docs/install.md)
+    WHEELS=gpu_wheels python recipes/gpu_check.py run # on the GPU machine (bash recipes/gpu_check.sh: the same)
+    DRY=1 python recipes/gpu_check.py run             # the CPU path at toy sizes (what the tests run)
+    python recipes/gpu_check.py build WORK ...        # one part alone (recipes/gpu_check_parts.py)
 
-The script records each part's line (recipes/gpu_check_record.py). Nothing here reaches a network:
-the tokenizer is spade's offline tiny one (``spade init-model``), the weights are random, the
-episodes are random tokens with alternating returns. The model is Qwen3-0.6B's shape with its
-embeddings untied, so the LM head holds its own 151,936 x 1024 matrix as larger Qwen3 models do.
+``run`` takes the parts in this order, each in a process of its own under its own time limit
+(LIMIT_<PART> seconds) and all of them inside BUDGET_S (480 s: the whole check takes under 8
+minutes; a part the budget cannot fit is skipped; DRY=1 has four times the time for everything):
+
+    install   the WHEELS folder pip-installed offline (--no-index --no-deps) into WORK/site; the
+              image keeps its torch. Without WHEELS the environment is used as it is.
+    build     a random Qwen3-0.6B-shaped model with untied embeddings at Qwen3's vocabulary
+              (151,936), drawn on the device in bf16, and 32 episodes of 1,024 + 5,120 tokens
+    update1   `spade update` under `accelerate launch`, one process, bf16, gradient checkpointing
+    update2   the same from update1's checkpoint, resuming its trainer state
+    zero2     update1 again under DeepSpeed ZeRO-2 (recipes/accelerate/zero2.yaml) in one process;
+              skipped, with the reason, where deepspeed does not import
+    resume    one process takes update1's two passes: its fp32 masters equal the chained updates'
+    generate  the hf backend from update2's checkpoint on the GPU
+    vllm      the vllm backend and `spade serve`; skipped without vllm
+
+Each update reports tokens/s, seconds per step, the old-log-prob pass's seconds, the trainer
+state's bytes and save/load seconds, peak host and GPU memory. Each part's JSON line is appended to
+OUT/parts.jsonl the moment it ends (recipes/gpu_check_record.py; OUT defaults to WORK), its log goes
+to WORK/<part>.log and OUT/logs.tgz, so a failure, a timeout or a kill costs that part only. The last
+stdout line (also OUT/summary.json) gathers every part of this run; the exit status is 1 when a part
+failed, 130 when the check was stopped by a signal (the running part is ended first). PARTS="zero2
+resume" reruns some parts in the same WORK. DRY=1 (the default without a CUDA device): the same
+parts on the CPU at toy sizes in fp32, a check that the plumbing works, not a measurement. VOCAB, N,
+PROMPT, COMPLETION and BATCH change the sizes. Only the standard library is imported here: the
+parts import torch in their own processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
-import shutil
+import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-SHAPES = {  # "gpu": Qwen3-0.6B's layers (head_dim 128 as in Qwen3-4B/8B); "dry": the tests' CPU path
-    "gpu": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                num_key_value_heads=8, head_dim=128),
-    "dry": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=32),
-}
-# what the update, the trainer and the hf backend import: the check of an install
-IMPORTS = ("spade_cli.app", "stages.update_train", "msgspec", "trl.trainer.utils", "datasets", "deepspeed")
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+PARTS = "install build update1 update2 zero2 resume generate vllm"
+GRACE_S = 15  # after a part's limit: SIGTERM, then SIGKILL this much later (GNU timeout's -k)
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")
+class Stopped(Exception):
+    """A signal to the check (Ctrl-C, a scheduler's SIGTERM)."""
 
 
-def install(work: Path, wheels: Path | None) -> dict:
-    """Install every wheel of ``wheels`` into WORK/site without network or dependency resolution
-    (the image keeps its own torch and the rest); report versions, unmet requirements, imports."""
-    site = work / "site"
-    out: dict = {}
-    if wheels is None:
-        out.update(status="skipped", why="no WHEELS folder given: the environment is used as it is")
-    else:
-        files = sorted(str(p) for p in wheels.glob("*.whl"))
-        if not files:
-            raise SystemExit(f"{wheels}: no wheels in this folder (recipes/gpu_wheels.sh gathers them)")
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
-                        "--no-deps", "--no-compile", "--disable-pip-version-check", "--target", str(site),
-                        *files], check=True, stdout=sys.stderr)
-        out.update(wheels=len(files), bytes=sum(Path(f).stat().st_size for f in files),
-                   install_s=round(time.perf_counter() - t0, 1), unmet=_unmet(site))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    out["versions"] = _versions(env)
-    if wheels is None:
-        return out
-    probe = ("import importlib, json, sys\nres = {}\nfor m in sys.argv[1:]:\n    try:\n"
-             "        importlib.import_module(m); res[m] = 'ok'\n    except Exception as e:\n"
-             "        res[m] = f'{type(e).__name__}: {e}'[:300]\nprint(json.dumps(res))")
-    res = subprocess.run([sys.executable, "-c", probe, *IMPORTS], env=env, capture_output=True, text=True)
-    out["imports"] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else res.stderr[-500:]
-    if (site / "deepspeed").is_dir() and isinstance(out["imports"], dict) and out["imports"]["deepspeed"] != "ok":
-        # accelerate and transformers import deepspeed whenever its package is found: a broken one
-        # would fail every part. Only the ZeRO-2 part needs it, and it says why it skips.
-        for p in [site / "deepspeed", *site.glob("deepspeed-*.dist-info")]:
-            shutil.rmtree(p, ignore_errors=True)
-        out["deepspeed_removed"] = out["imports"]["deepspeed"]
-        (work / "deepspeed_removed.txt").write_text(out["deepspeed_removed"] + "\n")
-    broken = [m for m, v in out["imports"].items() if v != "ok" and m != "deepspeed"] \
-        if isinstance(out["imports"], dict) else ["the import check"]
-    if broken:
-        raise SystemExit(f"installed, but these do not import: {', '.join(broken)}: {json.dumps(out)}")
-    return out
+def _stop(signum, frame) -> None:
+    raise Stopped
 
 
-def _versions(env: dict) -> dict:
-    code = ("import json; from importlib.metadata import version as v\nout = {}\n"
-            "for n in ('torch', 'transformers', 'accelerate', 'trl', 'deepspeed', 'datasets', 'spade'):\n"
-            "    try: out[n] = v(n)\n    except Exception: out[n] = None\nprint(json.dumps(out))")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    return json.loads(res.stdout) if res.returncode == 0 else {}
-
-
-def _unmet(site: Path) -> list[str]:
-    """Requirements of the installed wheels that neither the folder nor the image satisfies."""
-    from importlib.metadata import PackageNotFoundError, distribution, distributions
-
-    from packaging.requirements import Requirement
-
-    sys.path.insert(0, str(site))
-    unmet = []
-    for dist in distributions(path=[str(site)]):
-        for spec in dist.requires or []:
-            req = Requirement(spec)
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-                continue
-            try:
-                have = distribution(req.name).version
-            except PackageNotFoundError:
-                have = None
-            if have is None or not req.specifier.contains(have, prereleases=True):
-                unmet.append(f"{dist.metadata['Name']} needs {req} (have {have or 'none'})")
-    return sorted(set(unmet))
-
-
-def build(work: Path, shape: str, vocab: int, n: int, prompt: int, completion: int, group: int, seed: int) -> dict:
-    import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
-    from spade_cli.models import tinymodel
-
-    t0 = time.perf_counter()
-    tinymodel.build(work / "tokenizer", size="tiny", seed=seed)  # offline tokenizer and chat template
-    tok = AutoTokenizer.from_pretrained(work / "tokenizer")
-    if vocab < len(tok):
-        raise SystemExit(f"--vocab {vocab} is below the tokenizer's {len(tok)} tokens")
-    cfg = Qwen3Config(vocab_size=vocab, max_position_embeddings=32768, tie_word_embeddings=False,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      **SHAPES[shape])
-    device = "cuda" if _cuda() else "cpu"
-    torch.manual_seed(seed)
-    with torch.device(device):  # the weights are drawn on the device: no host copy of the model
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(work / "model")
-    tok.save_pretrained(work / "model")
-    _episodes(work, tok, n, prompt, completion, group, seed)
-    return {"params": sum(p.numel() for p in model.parameters()), "vocab": vocab, "tied": False,
-            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
-            "shape": shape, "episodes": n, "row_tokens": prompt + completion, "build_s": round(time.perf_counter() - t0, 1)}
-
-
-def _episodes(work: Path, tok, n: int, prompt: int, completion: int, group: int, seed: int) -> None:
-    vocab = [i for i in range(len(tok)) if i not in tok.all_special_ids]
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        env = i // (2 * group)  # groups: (env, unhinted) with returns 0/1 alternating
-        masked = range(completion // 3, completion // 3 + completion // 8)  # an environment reply
-        rows.append({"schema": "spade.rollout/1", "episode_id": f"e{i}", "env_id": f"env{env:03d}", "iteration": 0,
-                     "hinted": False, "seed": i, "pair": i, "messages": [], "turns": [], "return": float(i % 2),
-                     "terminated": True, "truncated": False, "error": None,
-                     "tokens": {"prompt_ids": [vocab[(env * 7 + j) % len(vocab)] for j in range(prompt)],
-                                "completion_ids": [rng.choice(vocab) for _ in range(completion)],
-                                "env_mask": [0 if j in masked else 1 for j in range(completion)],
-                                "logprobs": None}})
-    (work / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def update(work: Path, name: str, start: str, batch: int, bf16: bool, zero2: bool, like: str | None) -> dict:
-    """One `spade update` under `accelerate launch` in one process (plain, or ZeRO-2 through
-    accelerate's DeepSpeed plugin); its figures from update.json."""
-    if zero2:
-        removed = work / "deepspeed_removed.txt"
-        if removed.exists():
-            return {"status": "skipped", "why": "the install part removed deepspeed, which did not import here: "
-                                                + removed.read_text().strip()}
+def _end(proc: subprocess.Popen) -> int:
+    """End a part's whole process group (accelerate's launcher has children): TERM, then KILL after
+    the grace period; 124 when TERM sufficed, 137 when KILL was needed, as GNU timeout says."""
+    for sig, rc in ((signal.SIGTERM, 124), (signal.SIGKILL, 137)):
         try:
-            import deepspeed
-        except Exception as e:  # noqa: BLE001  (a broken install is a reason, not a crash)
-            return {"status": "skipped", "why": f"deepspeed does not import: {type(e).__name__}: {e}"[:300]}
-        if not _cuda():
-            return {"status": "skipped", "deepspeed": deepspeed.__version__,
-                    "why": "no CUDA device: this check runs ZeRO-2 on a GPU only (deepspeed imports)"}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--num_processes", "1",
-              "--dynamo_backend", "no"]
-    if zero2:
-        launch += ["--config_file", str(REPO / "recipes" / "accelerate" / "zero2.yaml")]
-    elif _cuda():
-        launch += ["--mixed_precision", "bf16" if bf16 else "no"]
-    else:
-        launch += ["--cpu", "--mixed_precision", "no"]
-    flags = ["--bf16", "--gradient-checkpointing"] if bf16 else []
-    subprocess.run([*launch, "-m", "spade_cli", "update", "--model", str(work / start), "--rollouts",
-                    str(work / "rollouts.jsonl"), "--out", str(work / name), "--learning-rate", "1e-6",
-                    "--per-device-train-batch-size", str(batch), *flags], check=True, stdout=sys.stderr)
-    out = _report(work / name)
-    if like is not None:  # the same samples and seed without DeepSpeed: entropy and norms agree
-        ref = _report(work / like)  # (the GRPO loss sits near 0, where a relative difference says nothing)
-        out["vs_" + like] = {k: round(abs(out[k] - ref[k]) / max(abs(ref[k]), 1e-12), 6)
-                             for k in ("entropy", "grad_norm")}
-    return out
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=GRACE_S)
+            return rc
+        except subprocess.TimeoutExpired:
+            continue
+    return 137
 
 
-def _report(ckpt: Path) -> dict:
-    r = json.loads((ckpt / "update.json").read_text())
-    met, mem, st = r["metrics"], r.get("host_memory") or {}, r["trainer_state"]
-    procs = mem.get("per_process", [])
-    return {"resumed": st["resumed"] is not None, "processes": met["processes"], "tokens_per_s": met["tokens_per_s"],
-            "optimizer_steps": met["optimizer_steps"], "train_s": met["train_seconds"],
-            "s_per_step": round(met["train_seconds"] / max(met["optimizer_steps"], 1), 3),
-            "old_logps_s": met["old_logps_seconds"], "loss": met["loss"], "entropy": met["entropy"],
-            "grad_norm": met["grad_norm"]["mean"],
-            "state_save_s": st.get("save_s"), "state_load_s": st.get("state_load_s"), "state_bytes": st.get("bytes"),
-            "host_peak_mb": max((p["peak_mb"] for p in procs), default=None),
-            "gpu_peak_mb": max((p.get("gpu_peak_mb", 0) for p in procs), default=None)}
+class Check:
+    """One run of the check: its settings from the environment, its records in OUT."""
+
+    def __init__(self, env: dict) -> None:
+        wheels = env.get("WHEELS") or None
+        if wheels and not Path(wheels).is_dir():
+            print(f"gpu_check: WHEELS={wheels} is not a folder (python recipes/gpu_check.py wheels gathers one)",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        self.wheels = Path(wheels).resolve() if wheels else None
+        self.work = Path(env.get("WORK") or tempfile.mkdtemp()).resolve()
+        self.out = Path(env.get("OUT") or self.work).resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.parts = env.get("PARTS", PARTS).split()
+        self.limits = {p: int(env[f"LIMIT_{p.upper()}"]) for p in PARTS.split() if f"LIMIT_{p.upper()}" in env}
+        # the checkout's code first, then what the install part puts in WORK/site, then the image's
+        path = [str(REPO), str(self.work / "site"), env.get("PYTHONPATH", "")]
+        self.env = {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(filter(None, path))}
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                               capture_output=True, text=True, env=self.env)
+        self.gpus = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+        self.dry = bool(int(env.get("DRY", int(self.gpus == 0))))
+        # the CPU path checks the plumbing, not the time: its limits are 4x, so a busy machine passes too
+        self.slack = 4 if self.dry else 1
+        self.budget = int(env.get("BUDGET_S", 480 * self.slack))
+        if self.dry:
+            self.env["ACCELERATE_USE_CPU"] = "true"  # every part on the CPU, also on a machine with a GPU
+        size = dict(vocab=1024, n=16, prompt=32, completion=96) if self.dry else \
+            dict(vocab=151936, n=32, prompt=1024, completion=5120)
+        self.size = {k: int(env.get(k.upper(), v)) for k, v in {**size, "batch": 4}.items()}
+        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.t0 = time.monotonic()
+        self.running: tuple[str, subprocess.Popen] | None = None
+
+    def plan(self):
+        """(name, limit s, what it needs in WORK, its arguments), one part at a time: a generator, so
+        that the generate part starts from what the parts before it left."""
+        w, s = str(self.work), self.size
+        update = ["--batch", str(s["batch"]), *([] if self.dry else ["--bf16"])]
+        yield "install", 120, None, ["install", w, *(["--wheels", str(self.wheels)] if self.wheels else [])]
+        yield "build", 120, None, ["build", w, "--shape", "dry" if self.dry else "gpu", "--vocab", str(s["vocab"]),
+                                   "--n", str(s["n"]), "--prompt", str(s["prompt"]),
+                                   "--completion", str(s["completion"])]
+        yield "update1", 150, "model", ["update", w, "ck1", "--from", "model", *update]
+        yield "update2", 150, "ck1", ["update", w, "ck2", "--from", "ck1", *update]
+        yield "zero2", 180, "ck1", ["update", w, "ckz", "--from", "model", *update, "--zero2", "--like", "ck1"]
+        yield "resume", 150, "ck2", ["resume", w, "--first", "ck1", "--chained", "ck2"]
+        start = "ck2" if (self.work / "ck2").is_dir() else "model"
+        small = ["--prompts", "2", "--n", "2", "--max-tokens", "16"] if self.dry else []
+        yield "generate", 90, start, ["generate", w, "--from", start, *small]
+        yield "vllm", 240, None, ["vllm", str(self.work / "vllm")]
+
+    def part(self, name: str, limit: int, needs: str | None, args: list[str]) -> None:
+        """One part under its own limit (what the budget leaves, if less); its last stdout line is its
+        record, appended the moment it ends. Never raises for the part's own failure."""
+        import gpu_check_record as rec
+
+        limit = self.limits.get(name, limit * self.slack)
+        left = int(self.budget - (time.monotonic() - self.t0) - 5)
+        if left < 10:
+            return rec.note(self.out, name, self.run_id, f"no time left in BUDGET_S={self.budget}")
+        if needs is not None and not (self.work / needs).exists():
+            return rec.note(self.out, name, self.run_id,
+                            f"needs {self.work / needs}, which an earlier part did not write")
+        limit = min(limit, left)
+        print(f"gpu_check: {name} (limit {limit} s)", file=sys.stderr)
+        stdout, log = self.work / f"{name}.out", self.work / f"{name}.log"
+        t0 = time.monotonic()
+        with open(stdout, "w") as o, open(log, "w") as e:
+            # a session of its own: the whole part ends at its limit, and a signal reaches only the check
+            proc = subprocess.Popen([sys.executable, __file__, *args], stdout=o, stderr=e, env=self.env,
+                                    cwd=REPO, start_new_session=True)
+            self.running = (name, proc)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                rc = _end(proc)
+            self.running = None
+        _end_group(proc)
+        rec.part(self.out, name, self.run_id, rc, round(time.monotonic() - t0), limit, stdout, log)
+        self.logs()
+
+    def logs(self) -> None:
+        tmp = self.out / ".logs.tgz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for log in sorted(self.work.glob("*.log")):
+                tar.add(log, arcname=f"./{log.name}")
+        os.replace(tmp, self.out / "logs.tgz")
+
+    def summary(self) -> int:
+        """The last stdout line: every part this run recorded; 1 when a part failed."""
+        import gpu_check_record as rec
+
+        extra = {"dry": self.dry, "gpus": self.gpus, "budget_s": self.budget,
+                 "wall_s": round(time.monotonic() - self.t0)}
+        try:
+            return int(rec.summary(self.out, self.run_id, extra) != 0)
+        except Exception as e:  # noqa: BLE001  (the summary itself broke: still one line, naming the records)
+            print(f"gpu_check: no summary: {type(e).__name__}: {e}", file=sys.stderr)
+            print(json.dumps({"check": "gpu_check", "run": self.run_id, "status": "no summary",
+                              "records": str(self.out / "parts.jsonl")}))
+            return 1
+
+    def run(self) -> int:
+        print(f"gpu_check: run {self.run_id}, DRY={int(self.dry)}, {self.gpus} GPU(s), WORK={self.work}, "
+              f"OUT={self.out}, WHEELS={self.wheels or 'none'}, budget {self.budget} s, parts: "
+              f"{' '.join(self.parts)}; {self.size['n']} rows of {self.size['prompt']} + "
+              f"{self.size['completion']} tokens, vocab {self.size['vocab']}", file=sys.stderr)
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        try:
+            for name, limit, needs, args in self.plan():
+                if name in self.parts:
+                    self._safely(self.part, name, limit, needs, args)
+        except Stopped:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if self.running is not None:  # end the running part, then still print what finished
+                name, proc = self.running
+                _end(proc)
+                self._safely(self._note_stopped, name)
+            self.summary()
+            return 130
+        return self.summary()
+
+    def _note_stopped(self, name: str) -> None:
+        import gpu_check_record as rec
+
+        rec.note(self.out, name, self.run_id, "interrupted: this script got a signal", status="failed")
+
+    def _safely(self, fn, *args) -> None:
+        """A record that cannot be written costs that record, not the parts after it."""
+        try:
+            fn(*args)
+        except (OSError, ValueError) as e:
+            print(f"gpu_check: {args[0]} not recorded: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def resume(work: Path, first: str, chained: str) -> dict:
-    """The two chained updates (the second resumed the first's trainer state) against one process
-    taking the same two passes: the fp32 masters agree. On CPU the match is near bitwise; on a GPU
-    non-deterministic kernels (attention's backward) leave a small relative difference."""
-    from safetensors.torch import load_file
-
-    from stages import update as stage
-    from stages import update_train
-
-    cfg = stage.UpdateConfig(**json.loads((work / first / "update.json").read_text())["config"])
-    samples, _ = stage.collect_samples(cfg)
-    t0 = time.perf_counter()
-    tr = update_train.prepare(cfg, {s.temperature for s in samples}, None, str(Path(cfg.model).resolve()))
-    for _ in range(2):
-        update_train.train_pass(tr, cfg, samples, lambda _m: None)
-    seconds = time.perf_counter() - t0
-    one = {k: v.detach().float().cpu() for k, v in tr.model.state_dict().items()}
-    chain = load_file(str(work / chained / "trainer_state" / "model.safetensors"))
-    start = load_file(str(Path(cfg.model) / "model.safetensors"))
-    moved = math.sqrt(sum(float((one[k] - start[k].float()).pow(2).sum()) for k in chain))
-    diff = math.sqrt(sum(float((one[k] - chain[k]).pow(2).sum()) for k in chain))
-    cuda = next(iter(tr.model.parameters())).is_cuda
-    tol = 0.05 if cuda else 1e-3
-    out = {"moved_l2": moved, "diff_l2": diff, "relative": diff / moved if moved else None, "tolerance": tol,
-           "two_passes_s": round(seconds, 1), "optimizer_steps": tr.counters["optimizer_steps"]}
-    if not moved or diff > tol * moved:
-        raise SystemExit(f"chained updates differ from one process: {json.dumps(out)}")
-    return out
+def _end_group(proc: subprocess.Popen) -> None:
+    """What a finished part left running in its group (a launcher's child) goes with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
-def generate(work: Path, start: str, prompts: int, n: int, max_tokens: int) -> dict:
-    import torch
-
-    from spade_cli.backends import Sampling, load_backend, render_chat
-
-    cuda = _cuda()
-    backend = load_backend("hf", str(work / start), dtype="bfloat16" if cuda else "float32",
-                           device="cuda" if cuda else "cpu")
-    chats = [render_chat(backend.tokenizer, [{"role": "user", "content": f"Describe room {i} and its doors."}])
-             for i in range(prompts)]
-    t0 = time.perf_counter()
-    out = backend.generate(chats, n=n, sampling=Sampling(temperature=1.0, max_tokens=max_tokens, seed=0))
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    samples = [s for g in out for s in g]
-    bad = [s for s in samples if len(s.logprobs) != len(s.token_ids) or not all(map(math.isfinite, s.logprobs))]
-    if len(samples) != prompts * n or bad:
-        raise SystemExit(f"{len(samples)} samples for {prompts} x {n}, {len(bad)} with bad log-probs")
-    tokens = sum(len(s.token_ids) for s in samples)
-    return {"device": backend.device, "rows": len(samples), "tokens": tokens, "generate_s": round(seconds, 2),
-            "tokens_per_s": round(tokens / seconds, 1), "calls": backend.calls,
-            "gpu_peak_mb": round(torch.cuda.max_memory_allocated() / 1e6, 1) if cuda else None}
-
-
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run", help="every part in order, each under its own limit (settings from the environment)")
+    p = sub.add_parser("wheels", help="gather the wheels the check installs offline (recipes/gpu_check_wheels.py)")
+    p.add_argument("folder", type=Path, nargs="?", default=Path("gpu_wheels"))
+    p.add_argument("--py-version", default="3.12", help="the GPU image's Python")
+    p.add_argument("--max-mib", type=float, default=64, help="fail when the folder is larger")
+    p.add_argument("--deepspeed", default="0.19.8")
+    p.add_argument("--extra", nargs="*", default=[], help='more requirements, e.g. "regex==2026.12.2"')
     p = sub.add_parser("install")
     p.add_argument("work", type=Path)
     p.add_argument("--wheels", type=Path)
     p = sub.add_parser("build")
     p.add_argument("work", type=Path)
-    p.add_argument("--shape", choices=sorted(SHAPES), default="gpu")
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--n", type=int, default=32)
-    p.add_argument("--prompt", type=int, default=1024)
-    p.add_argument("--completion", type=int, default=5120)
-    p.add_argument("--group", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shape", choices=("gpu", "dry"), default="gpu")
+    for name, default in (("vocab", 151936), ("n", 32), ("prompt", 1024), ("completion", 5120), ("group", 4),
+                          ("seed", 0)):
+        p.add_argument(f"--{name}", type=int, default=default)
     p = sub.add_parser("update")
     p.add_argument("work", type=Path)
     p.add_argument("name")
@@ -295,17 +262,39 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=256)
-    a = ap.parse_args()
-    if a.cmd == "install":
-        res = install(a.work, a.wheels)
+    for name in ("vllm", "smoke"):
+        p = sub.add_parser(name)
+        p.add_argument("work", type=Path, nargs="?", help="a work folder (default: a new temporary one)")
+    return ap
+
+
+def main() -> None:
+    a = _parser().parse_args()
+    if a.cmd == "run":
+        sys.exit(Check(dict(os.environ)).run())
+    if a.cmd == "wheels":
+        import gpu_check_wheels
+
+        print(gpu_check_wheels.gather(a.folder, a.py_version, a.max_mib, a.deepspeed, a.extra))
+        return
+    import gpu_check_parts as parts
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if a.cmd in ("vllm", "smoke"):
+        a.work = a.work or Path(tempfile.mkdtemp())
+        a.work.mkdir(parents=True, exist_ok=True)
+        res = getattr(parts, a.cmd)(a.work.resolve())
+    elif a.cmd == "install":
+        res = parts.install(a.work, a.wheels)
     elif a.cmd == "build":
-        res = build(a.work, a.shape, a.vocab, a.n, a.prompt, a.completion, a.group, a.seed)
+        res = parts.build(a.work, a.shape, a.vocab, a.n, a.prompt, a.completion, a.group, a.seed)
     elif a.cmd == "update":
-        res = update(a.work, a.name, a.start, a.batch, a.bf16, a.zero2, a.like)
+        res = parts.update(a.work, a.name, a.start, a.batch, a.bf16, a.zero2, a.like)
     elif a.cmd == "resume":
-        res = resume(a.work, a.first, a.chained)
+        res = parts.resume(a.work, a.first, a.chained)
     else:
-        res = generate(a.work, a.start, a.prompts, a.n, a.max_tokens)
+        res = parts.generate(a.work, a.start, a.prompts, a.n, a.max_tokens)
     print(json.dumps(res, separators=(",", ":")))
 
 

@@ -1,22 +1,18 @@
-"""The bookkeeping of recipes/gpu_check.sh: one line per finished part, then the summary line.
-
-    python recipes/gpu_check_record.py part OUT update1 --run R --rc 0 --seconds 52 --limit 150 \
-      --stdout WORK/update1.out --log WORK/update1.log
-    python recipes/gpu_check_record.py note OUT zero2 --run R --why "no time left"   # skipped
-    python recipes/gpu_check_record.py summary OUT --run R --extra '{"dry": false}'
+"""The bookkeeping of the GPU check (recipes/gpu_check.py run): one line per finished part, then
+the summary line.
 
 A part's record is the JSON object its command printed last, with its status (``ok``, ``skipped``
-when the part says so or could not start, ``failed`` with the end of its log or when the script
-was stopped during it, ``timeout`` when its own time limit killed it), seconds and limit. Records are appended to ``OUT/parts.jsonl`` and flushed to disk as
-each part ends, so whatever finished survives a failure, a timeout or a kill of the rest. One file
-rather than one per part: a machine that hands back only a few files still returns them all. A
-rerun with the same OUT (``PARTS=zero2`` to retry one part) appends; the summary of a run gathers
-that run's records, and ``summary.json`` beside them holds the same line.
+when the part says so or could not start, ``failed`` with the end of its log or when the check was
+stopped during it, ``timeout`` when its own time limit killed it), seconds and limit. Records are
+appended to ``OUT/parts.jsonl`` and flushed to disk as each part ends, so whatever finished
+survives a failure, a timeout or a kill of the rest. One file rather than one per part: a machine
+that hands back only a few files still returns them all. A rerun with the same OUT (``PARTS=zero2``
+to retry one part) appends; the summary of a run gathers that run's records, and ``summary.json``
+beside them holds the same line.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -103,32 +99,6 @@ def summary(out: Path, run: str, extra: dict) -> int:
     return 0 if not bad else 3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("part", "note", "summary"):
-        p = sub.add_parser(name)
-        p.add_argument("out", type=Path)
-        if name != "summary":
-            p.add_argument("name")
-        p.add_argument("--run", required=True)
-    p = sub.choices["part"]
-    p.add_argument("--rc", type=int, required=True)
-    p.add_argument("--seconds", type=int, required=True)
-    p.add_argument("--limit", type=int, required=True)
-    p.add_argument("--stdout", type=Path, required=True)
-    p.add_argument("--log", type=Path, required=True)
-    sub.choices["note"].add_argument("--why", required=True)
-    sub.choices["note"].add_argument("--status", choices=("skipped", "failed"), default="skipped")
-    sub.choices["summary"].add_argument("--extra", default="{}", help="JSON merged into the line")
-    a = ap.parse_args()
-    if a.cmd == "part":
-        part(a.out, a.name, a.run, a.rc, a.seconds, a.limit, a.stdout, a.log)
-    elif a.cmd == "note":  # what the script itself says of a part it did not run to its end
-        _append(a.out, {"part": a.name, "run": a.run, "status": a.status, "why": a.why, "seconds": 0})
-    else:
-        sys.exit(summary(a.out, a.run, json.loads(a.extra)))
-
-
-if __name__ == "__main__":
-    main()
+def note(out: Path, name: str, run: str, why: str, status: str = "skipped") -> None:
+    """What the check itself says of a part it did not run to its end."""
+    _append(out, {"part": name, "run": run, "status": status, "why": why, "seconds": 0})

@@ -7,8 +7,8 @@
 # The knobs keep one iteration to minutes on a few cores: 2 designs in one group, k=1 seed pair,
 # 2 turns, short token caps, no eval. GGUF=FILE runs `spade init-model --from-gguf` into
 # $RUN/model/init first (dequantised, float32). THREADS goes to every stage as SPADE_THREADS
-# (auto: free cores minus the sandbox workers each stage runs). Prints the validity of each
-# iteration and the mean returns at the end. Rerunnable: finished stages are "up to date".
+# (auto: free cores minus the sandbox workers each stage runs). Ends with `spade inspect` of each
+# iteration's validated designs. Rerunnable: finished stages are "up to date".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -41,10 +41,7 @@ ROLLOUT_ARGS="--max-tokens $REPLY_TOKENS --no-thinking --max-concurrent 4 ${ROLL
 UPDATE_ARGS="${UPDATE_ARGS:-}" \
   bash recipes/loop.sh
 
-for ((i = 0; i < ITERS; i++)); do
-  spade inspect "$(spade paths "$RUN" -i "$i" --key validated)" --json | python3 -c '
-import json, sys
-d = json.load(sys.stdin); v = d["validation"]
-print(f"== iteration '"$i"': {v[\"valid\"]} of {v[\"rows\"]} designs valid; reasons {v.get(\"reasons\", {})}")' >&2
+for ((i = 0; i < ITERS; i++)); do  # valid and invalid designs by reason, per iteration
+  spade inspect "$(spade paths "$RUN" -i "$i" --key validated)"
 done
 echo "== real_model_cpu finished in $((SECONDS - T0)) s; see $RUN/" >&2

@@ -1,4 +1,5 @@
-"""recipes/gpu_check.sh on its CPU path (DRY=1), and what keeps its figures when a part breaks.
+"""The GPU check (recipes/gpu_check.sh -> recipes/gpu_check.py run) on its CPU path (DRY=1), and what
+keeps its figures when a part breaks.
 
 The dry run is the real script end to end at toy sizes: a folder of wheels installed offline,
 every part under its own time limit, each part's record appended to OUT/parts.jsonl as it ends,
@@ -181,7 +182,18 @@ def test_the_wheel_gatherer_never_replaces_a_folder_it_did_not_write(tmp_path: P
     theirs = tmp_path / "wheels"
     theirs.mkdir()
     (theirs / "keep.txt").write_text("mine")
-    res = subprocess.run(["bash", str(REPO / "recipes" / "gpu_wheels.sh"), str(theirs)], capture_output=True,
-                         text=True, env={**os.environ, "PYTHON": sys.executable})
+    res = subprocess.run([sys.executable, str(REPO / "recipes" / "gpu_check.py"), "wheels", str(theirs)],
+                         capture_output=True, text=True)
     assert res.returncode == 2 and "was not written by this script" in res.stderr
     assert (theirs / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.unit
+def test_the_cuda_only_checks_skip_without_cuda(tmp_path: Path) -> None:
+    """`smoke` and `vllm` run everywhere and say why they did nothing, so a CI step may call them."""
+    for name in ("smoke", "vllm"):
+        res = subprocess.run([sys.executable, str(REPO / "recipes" / "gpu_check.py"), name, str(tmp_path / name)],
+                             capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert res.returncode == 0, res.stderr[-2000:]
+        line = json.loads(res.stdout.strip().splitlines()[-1])
+        assert line["status"] == "skipped" and "CUDA" in line["why"], line

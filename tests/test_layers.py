@@ -1,4 +1,4 @@
-"""The import layers (docs/architecture.md, 'Stages'), checked statically with ``ast``.
+"""The import layers (docs/architecture.md, 'Layout'), checked statically with ``ast``.
 
 ``stages/`` builds on the library in ``spade_cli/``, never the reverse: only a command's thin
 wrapper (``spade_cli/commands/<stage>.py``) calls into its own stage. And no two modules import
