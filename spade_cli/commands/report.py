@@ -72,7 +72,7 @@ def report(
     stopped part-way.
 
     Example: [bold]spade report runs/demo[/]; after each iteration of a loop:
-    [bold]spade report runs/demo --no-plots --report-to tensorboard,wandb[/]
+    [bold]spade report runs/demo --no-plots --report-to tensorboard[/]
     """
     from stages import report as stage
 
