@@ -27,7 +27,8 @@ the files they came from, so reporting a 400-iteration run again reads only what
 
 Output, in ``RUN_DIR/report/``: ``iterations.csv``, ``iterations.jsonl`` and PNG plots
 (returns, validity, diversity, update, eval, labels, regret, frontier), each written only when it
-has data.
+has data. With ``report_to``, the finished iterations also go to TensorBoard, W&B or trackio, each
+once (``stages.report_track``).
 
     spade report runs/demo
 """
@@ -47,7 +48,7 @@ from spade_cli.core.artifacts import atomic_write_text, manifest_path, read_rows
 from spade_cli.core.layout import RunLayout
 from spade_cli.core.records import Design, Eval, Rollout, Score, Validation
 from spade_cli.designer.curriculum import level_of
-from stages import report_curriculum
+from stages import report_curriculum, report_track
 
 CACHE_VERSION = 5
 
@@ -298,13 +299,18 @@ def columns_of(rows: list[dict]) -> list[str]:
         [c for c in rest if not c.startswith("update.")]
 
 
-def run(run_dir: str | Path, plots: bool = True) -> dict:
-    """Build the per-iteration table and its files; returns the summary (rows included)."""
+def run(run_dir: str | Path, plots: bool = True, report_to: str | list[str] | None = None, project: str = "spade",
+        run_name: str | None = None) -> dict:
+    """Build the per-iteration table and its files, send the finished iterations to the trackers in
+    ``report_to`` (``"tensorboard,wandb"`` or a list, as TRL takes it; ``stages.report_track``);
+    returns the summary (rows included)."""
     from spade_cli.core.artifacts import SpadeError
 
     layout = RunLayout(Path(run_dir))
     if not layout.root.is_dir():
         raise SpadeError(f"{run_dir}: not a directory")
+    report_to = report_track.parse_report_to(report_to if isinstance(report_to, str | None) else ",".join(report_to))
+    report_track.check_installed(report_to)
     its = iterations(layout)
     if not its:
         raise SpadeError(f"{run_dir}: no iter_XXXX directories, eval files or checkpoints: is this a run directory?")
@@ -323,10 +329,12 @@ def run(run_dir: str | Path, plots: bool = True) -> dict:
     written = []
     if plots:
         written = write_plots(rows, out_dir)
+    tracked = report_track.send(layout, rows, report_to, project, run_name) if report_to else {}
     return {"status": "ok", "run_dir": str(layout.root), "iterations": len(rows), "first": its[0], "last": its[-1],
             "csv": str(out_dir / "iterations.csv"), "jsonl": str(out_dir / "iterations.jsonl"),
             "top_regret": str(out_dir / "top_regret.csv"),
-            "plots": [str(p) for p in written], "columns": columns, "rows": rows}
+            "plots": [str(p) for p in written], **({"report_to": tracked} if tracked else {}),
+            "columns": columns, "rows": rows}
 
 
 # -- plots -------------------------------------------------------------------------------------

@@ -27,6 +27,45 @@ def test_bad_json_names_file_and_line(tmp_path):
     assert str(err.value).startswith(f"{p}:3: not valid JSON")
 
 
+def test_rows_through_jsonlines_keep_json_s_set_and_spade_s_messages(tmp_path):
+    """jsonlines splits the lines and msgspec decodes them; what msgspec refuses and json.loads
+    reads (NaN, a number beyond a double) is still read, and every bad line names file and line."""
+    from spade_cli.core.artifacts import read_rows
+
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b"\n".join([json.dumps(D).encode(), b"  ", json.dumps({**D, "extra_f": float("nan")}).encode(),
+                              json.dumps({**D, "big": 1e400}).encode().replace(b"Infinity", b"1e400")]) + b"\n")
+    got = [(n, r.extra) for _, n, r in read_rows(p, "spade.design")]
+    assert [n for n, _ in got] == [1, 3, 4]  # the blank line 2 is skipped, and still counted
+    assert got[1][1]["extra_f"] != got[1][1]["extra_f"] and got[2][1]["big"] == float("inf")
+    for raw, message in [(b'{"schema": "spade.design/1", "code": "\xed\xa0\x80"}', "field 'code' holds a lone surrogate"),
+                         (b'{"schema": "spade.design/1", "code": "\\ud800"}', "field 'code' holds a lone surrogate"),
+                         (b'{"schema": "spade.design/1", "code": "\xff"}', "not valid JSON"),
+                         (b"null", "a record must be a JSON object, got NoneType"),
+                         (b"[1, 2", "not valid JSON")]:
+        p.write_bytes(json.dumps(D).encode() + b"\n\n" + raw + b"\n")
+        with pytest.raises(InputError) as err:
+            read_records(p)
+        assert str(err.value).startswith(f"{p}:3: {message}"), (raw, str(err.value))
+
+
+def test_writes_through_jsonlines_are_spade_s_lines(tmp_path):
+    """One compact line per row, non-ASCII kept, a lone surrogate written as U+FFFD."""
+    from spade_cli.core.artifacts import PartialWriter
+
+    rows = [{**D, "title": "é\ud800"}, {"schema": "spade.design/1", "code": "x = 2", "hint": "h"}]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    with PartialWriter(tmp_path / "b.jsonl") as w:
+        for row in rows:
+            w.write(row)
+    for name in ("a.jsonl", "b.jsonl"):
+        assert (tmp_path / name).read_text(encoding="utf-8").splitlines() == [
+            '{"schema":"spade.design/1","code":"x = 1","hint":"h","title":"é\ufffd"}',
+            '{"schema":"spade.design/1","code":"x = 2","hint":"h"}'], name
+    write_jsonl(tmp_path / "c.jsonl", [parse(D)])
+    assert read_records(tmp_path / "c.jsonl") == [parse(D)]
+
+
 def test_several_files_and_globs(tmp_path):
     for i in range(3):
         write_jsonl(tmp_path / f"r.shard-{i}.jsonl", [{**D, "code": f"x = {i}"}])

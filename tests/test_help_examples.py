@@ -63,6 +63,7 @@ RUNS: list[tuple[str, bool]] = [
     ("spade doctor", True),
     ("spade doctor --json | jq .tier", True),
     ("spade report runs/demo", False),
+    ("spade report runs/demo --no-plots --report-to tensorboard", False),
     ("spade prune runs/demo -i 7 --eval-every 25", False),
     ("spade serve --run-dir runs/demo --model runs/demo/ckpt/iter_0001 --dry-run", False),
 ]

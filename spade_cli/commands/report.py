@@ -56,6 +56,13 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (runs/NAME).", exists=True, file_okay=False)],
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     max_rows: Annotated[int, typer.Option("--max-rows", min=4, help="Terminal table rows (CSV has all).")] = 40,
+    report_to: Annotated[str, typer.Option(
+        "--report-to", help="Also send each finished iteration (step = iteration) to these trackers, "
+        "comma-separated: tensorboard, wandb, trackio, or none. Each is sent once: a rerun sends only "
+        "what is new (RUN_DIR/report/tracked.json).")] = "none",
+    project: Annotated[str, typer.Option("--project", help="The tracker's project (W&B, trackio).")] = "spade",
+    run_name: Annotated[str | None, typer.Option(
+        "--run-name", help="The tracker's run name. [default: RUN_DIR as given]")] = None,
 ) -> None:
     """Tabulate a run per iteration: validity, returns, regret, Vendi/n, the curriculum diagnostics
     (design labels, regret quantiles, difficulty against the frontier), update metrics, eval scores.
@@ -64,11 +71,12 @@ def report(
     diversity, update, eval, labels, regret, frontier); works on runs that are still going or
     stopped part-way.
 
-    Example: [bold]spade report runs/demo[/]
+    Example: [bold]spade report runs/demo[/]; after each iteration of a loop:
+    [bold]spade report runs/demo --no-plots --report-to tensorboard[/]
     """
     from stages import report as stage
 
-    result = stage.run(run_dir, plots=plots)
+    result = stage.run(run_dir, plots=plots, report_to=report_to, project=project, run_name=run_name)
     _show(result, max_rows)
     finish({k: v for k, v in result.items() if k not in ("rows", "columns")} | {"latest": result["rows"][-1]})
 

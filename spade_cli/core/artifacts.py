@@ -17,7 +17,10 @@ holder, and the up-to-date check is repeated under the lock, so a writer that fi
 seen. Rows reach the partial through ``PartialWriter``, which is also where a SIGTERM stops a stage
 (``spade_cli.core.preempt``): after a complete, fsynced row, never inside one.
 
-Input rows are read with ``read_rows``, which names the file and line of any bad row. Output
+Rows are read with ``read_rows`` (``jsonlines`` splits and numbers the lines, msgspec decodes
+them), which names the file and line of any bad row, and written through a ``jsonlines.Writer``
+with spade's own ``dumps``. ``Stage.resume`` reads a partial by hand: it needs the byte offset of
+the last complete line to cut a torn one. Output
 paths are checked by ``check_output`` before any work starts (``Stage.begin`` for the static checks,
 ``Stage.check`` for writability once there is work to do): an output that is an input, a directory,
 a device, or under a path that cannot be written is a usage error, exit 2.
@@ -38,6 +41,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+import jsonlines
+import msgspec
 
 from spade_cli import __version__
 from spade_cli.core import preempt, threads
@@ -88,21 +94,39 @@ def _surrogate(value: Any, at: str = "") -> str | None:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_decode = msgspec.json.Decoder().decode
 
 
 def read_rows(paths: str | Path | Iterable[str | Path], expect: str | tuple[str, ...] | None = None,
               ) -> Iterator[tuple[Path, int, Record]]:
-    """Yield (file, line number, record) from JSONL files; the first bad row raises InputError."""
+    """Yield (file, line number, record) from JSONL files; the first bad row raises InputError.
+
+    ``jsonlines`` splits the lines, skips blank ones and reports the line of one that does not
+    decode; msgspec decodes (in C, and it refuses a lone surrogate outright). A line msgspec
+    refuses goes through ``json_line``, which either raises spade's own message for it (not JSON,
+    not UTF-8, a lone surrogate in field ...) or accepts what ``json.loads`` accepts and msgspec
+    does not (``NaN``, a number beyond a double), so the set of rows read is json's."""
     for path in expand_inputs(paths):
         with open_input(path) as fh:
-            for lineno, raw in enumerate(fh, 1):
-                if not raw.strip():
-                    continue
-                row = json_line(path, lineno, raw)
+            at = [0]  # the line the reader took last: jsonlines numbers lines only in its errors
+
+            def lines(fh: IO[bytes] = fh, at: list[int] = at) -> Iterator[bytes]:
+                for at[0], raw in enumerate(fh, 1):  # noqa: B007 (the counter is the point)
+                    yield raw
+
+            reader = jsonlines.Reader(lines(), loads=_decode)
+            while True:
                 try:
-                    yield path, lineno, parse(row, expect)
+                    row = reader.read(allow_none=True, skip_empty=True)  # a null row is parse's to name
+                except EOFError:
+                    break
+                except jsonlines.InvalidLineError as exc:
+                    line = exc.line if isinstance(exc.line, bytes) else exc.line.encode("utf-8", "surrogatepass")
+                    row = json_line(path, exc.lineno, line)
+                try:
+                    yield path, at[0], parse(row, expect)
                 except (SchemaError, TypeError) as exc:
-                    raise InputError(path, lineno, str(exc)) from None
+                    raise InputError(path, at[0], str(exc)) from None
 
 
 def read_records(paths: str | Path | Iterable[str | Path], expect: str | tuple[str, ...] | None = None,
@@ -156,8 +180,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def write_jsonl(path: str | Path, rows: Iterable[dict | Record]) -> int:
     n = 0
     with atomic_open(path) as fh:
+        writer = jsonlines.Writer(fh, dumps=dumps)  # the file is atomic_open's to fsync and rename
         for row in rows:
-            fh.write(dumps(row) + "\n")
+            writer.write(row)
             n += 1
     return n
 
@@ -438,14 +463,14 @@ class PartialWriter:
     def __init__(self, path: Path, sync_every: int = 64):
         self.path = path
         self.fh = open(path, "a", encoding="utf-8")
+        self.rows = jsonlines.Writer(self.fh, dumps=dumps, flush=True)  # each complete line reaches the OS
         self.sync_every, self.n = sync_every, 0
         preempt.writer_opened()
 
     def write(self, row: dict | Record) -> None:
         preempt.boundary()  # after a SIGTERM: stop here, before a row that may postdate it
         with naming(self.path):
-            self.fh.write(dumps(row) + "\n")
-            self.fh.flush()
+            self.rows.write(row)
             self.n += 1
             if self.n % self.sync_every == 0:
                 os.fsync(self.fh.fileno())
