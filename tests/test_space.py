@@ -98,6 +98,10 @@ def test_a_spec_completion_compiles_and_a_bad_one_is_a_failed_design():
     assert ok.hint == space.RULES["double"].hint and "class Toma" in ok.code
     assert prompts.parse_completion("Spec: rule=second level=3", "spec").error.endswith("held out for evaluation")
     assert prompts.parse_completion("nothing here", "spec").error == "no spec line"
+    # whatever a sampled Designer writes is a parse or a failed design, never a crash of the stage
+    assert prompts.parse_completion("spec rule=double level=1", "spec").spec["rule"] == "double"
+    for text in ("spec", "Spec:", "spec rule", "SPEC level=9 rule=first", "spec:: rule=", "rule"):
+        assert prompts.parse_completion(text, "spec").error, text
     # the free-form parser is untouched by the spec contract
     assert prompts.parse_completion("Spec: rule=double level=1").error is not None
 

@@ -249,8 +249,11 @@ def parse_spec_completion(text: str | None) -> Parsed:
     line = line or next((ln for ln in lines if "rule" in ln.lower()), None)
     if line is None:
         return Parsed(None, None, None, "no spec line")
+    # "Spec: rule=..." drops its label; a "spec rule=..." without the colon is parsed whole
+    head, colon, rest = line.partition(":")
+    text = rest if colon and head.strip().lower().startswith("spec") else line
     try:
-        env = space.compile_spec(space.parse_spec(line.split(":", 1)[1] if line.lower().startswith("spec") else line))
+        env = space.compile_spec(space.parse_spec(text))
     except space.SpecError as exc:
         return Parsed(None, None, None, f"bad spec: {exc}")
     return Parsed(env["title"], env["code"], env["hint"], None, env["spec"])
