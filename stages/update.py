@@ -64,8 +64,8 @@ from spade_cli.core.artifacts import (
     expand_inputs,
     later_defaults_dropped,
 )
+from spade_cli.training.config import UpdateConfig
 from stages import update_roles, update_staleness
-from stages.update_config import UpdateConfig
 from stages.update_samples import collect_samples
 
 if TYPE_CHECKING:  # spade_cli.training.grpo imports torch: only inside functions here

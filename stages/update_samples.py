@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from spade_cli.core.artifacts import InputError, read_rows
 from spade_cli.core.records import Design, Rollout, Score
-from stages.update_config import UpdateConfig
+from spade_cli.training.config import UpdateConfig
 
 if TYPE_CHECKING:
     from spade_cli.training.grpo import Sample

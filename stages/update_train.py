@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spade_cli.core.artifacts import SpadeError
+from spade_cli.training.config import UpdateConfig
 from stages import update_model, update_roles
-from stages.update_config import UpdateConfig
 
 if TYPE_CHECKING:
     from spade_cli.training.grpo import Sample

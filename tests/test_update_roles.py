@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from spade_cli.training.config import UpdateConfig
 from stages import update_roles
-from stages.update_config import UpdateConfig
 
 
 def _roles_of(steps: list, roles: list[str]) -> list[list[str]]:
