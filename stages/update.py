@@ -64,9 +64,10 @@ from spade_cli.core.artifacts import (
     expand_inputs,
     later_defaults_dropped,
 )
+from spade_cli.training import role_balance as update_roles
+from spade_cli.training import staleness as update_staleness
 from spade_cli.training.config import UpdateConfig
-from stages import update_roles, update_staleness
-from stages.update_samples import collect_samples
+from spade_cli.training.samples import collect_samples
 
 if TYPE_CHECKING:  # spade_cli.training.grpo imports torch: only inside functions here
     from spade_cli.training.grpo import Sample
@@ -79,8 +80,8 @@ def train(cfg: UpdateConfig, samples: list[Sample], log: Callable[[str], None], 
     """Set up (resuming ``state`` when given) and take one pass; returns the pass's report plus the
     ``trainer`` that ``save`` writes. With ``partial``, a SIGTERM between optimizer steps saves the
     pass there and raises ``Preempted``, and a partial left by such a run is continued."""
+    from spade_cli.training import trainer as update_train
     from spade_cli.training import trainer_state
-    from stages import update_train
 
     present, beta = {s.role for s in samples}, update_roles.betas(cfg)
     tr = update_train.prepare(cfg, {s.temperature for s in samples}, state, base or _model_id(cfg.model),

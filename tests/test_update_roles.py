@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from spade_cli.training import role_balance as update_roles
 from spade_cli.training.config import UpdateConfig
-from stages import update_roles
 
 
 def _roles_of(steps: list, roles: list[str]) -> list[list[str]]:

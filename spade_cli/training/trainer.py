@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spade_cli.core.artifacts import SpadeError
+from spade_cli.training import policy as update_model
+from spade_cli.training import role_balance as update_roles
 from spade_cli.training.config import UpdateConfig
-from stages import update_model, update_roles
 
 if TYPE_CHECKING:
     from spade_cli.training.grpo import Sample
