@@ -2,7 +2,7 @@
 
 Agent samples are episodes (``spade.rollout/1``) grouped by ``(env_id, hinted)``, rewarded by their
 ``return``; Designer samples are designs with tokens grouped by ``group_id``, rewarded by their
-score row's ``designer_reward`` (see ``stages.update`` for the rules). This module also finds how
+score row's ``designer_reward`` (see ``stages/update.py`` for the rules). This module also finds how
 each sample was drawn, because the trainer must score it at the same temperature and the sampler
 correction is only sound for full-distribution sampling or for stored log-probs that say what the
 sampler did:
