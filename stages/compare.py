@@ -39,7 +39,7 @@ from typing import Any
 
 from spade_cli.core.artifacts import SpadeError, atomic_write_text
 from spade_cli.core.layout import RunLayout
-from stages import report
+from spade_cli.reporting import iterations as report
 
 BUDGET_ROWS = [("episodes", "Agent episodes / iteration"), ("agent_tokens", "Agent tokens / iteration")]
 MARK = "†"

@@ -66,7 +66,7 @@ def report(
 
     Example: [bold]spade report runs/demo[/]
     """
-    from stages import report as stage
+    from spade_cli.reporting import iterations as stage
 
     result = stage.run(run_dir, plots=plots)
     _show(result, max_rows)

@@ -47,7 +47,7 @@ from spade_cli.core.artifacts import atomic_write_text, manifest_path, read_rows
 from spade_cli.core.layout import RunLayout
 from spade_cli.core.records import Design, Eval, Rollout, Score, Validation
 from spade_cli.designer.curriculum import level_of
-from stages import report_curriculum
+from spade_cli.reporting import curriculum as report_curriculum
 
 CACHE_VERSION = 5
 
