@@ -130,7 +130,7 @@ def test_report_tables_and_plots_hold_hand_computed_values(run_dir: Path) -> Non
 
 @pytest.mark.unit
 def test_report_cache_follows_changed_inputs(run_dir: Path) -> None:
-    from spade_cli.reporting import iterations as report
+    from stages import report
 
     first = report.run(run_dir, plots=False)["rows"][0]
     assert first["unhinted_mean"] == pytest.approx(0.25)
@@ -158,7 +158,7 @@ def test_engine_columns_count_every_server_of_a_fleet(tmp_path: Path) -> None:
     """Starts and loads are counted over the run's one server and each server of a fleet
     (RUN/serve/NAME/events.jsonl); the seconds are the slowest server's, since they load side by side."""
     from spade_cli.core.layout import RunLayout
-    from spade_cli.reporting.iterations import engine_events
+    from stages.report import engine_events
 
     def events(path: Path, rows: list[dict]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -247,7 +247,7 @@ def test_curriculum_diagnostics_hold_hand_computed_values(spec_run: Path) -> Non
 
 @pytest.mark.unit
 def test_without_specs_no_level_figures_and_no_frontier_plot(run_dir: Path) -> None:
-    from spade_cli.reporting import iterations as report
+    from stages import report
 
     result = report.run(run_dir)
     assert not {"levels", "level_mean", "unhinted_by_level", "frontier"} & set(result["columns"])

@@ -66,7 +66,7 @@ def report(
 
     Example: [bold]spade report runs/demo[/]
     """
-    from spade_cli.reporting import iterations as stage
+    from stages import report as stage
 
     result = stage.run(run_dir, plots=plots)
     _show(result, max_rows)

@@ -1,7 +1,8 @@
-"""`spade report`: one row per iteration of a run, as CSV, JSONL and PNG plots.
+"""The figures of a run, one row per iteration, and their plots: what `spade report` writes and
+`spade compare` compares across arms.
 
-Input: a run directory (``spade_cli.core.layout.RunLayout``). For each iteration it reads what exists
-and leaves the rest empty, so a run that is still going (or died) reports what it has:
+Input: a run directory (``spade_cli.core.layout.RunLayout``). For each iteration ``iteration_row``
+reads what exists and leaves the rest empty, so a run that is still going (or died) reports what it has:
 
 - ``designs.jsonl``: designs and parse failures.
 - ``validated.jsonl``: valid count and rate, invalid reasons.
@@ -17,7 +18,7 @@ and leaves the rest empty, so a run that is still going (or died) reports what i
   defensively).
 - ``eval/iter_{i}.jsonl``: the evaluation of the checkpoint iteration i played with; one column
   ``eval:<task>/<metric>`` per row. An eval of the final checkpoint gets a row of its own.
-- The curriculum diagnostics (``stages.report_curriculum``): the share of valid designs too easy,
+- The curriculum diagnostics (``spade_cli.reporting.curriculum``): the share of valid designs too easy,
   learnable, too hard or without signal, regret quantiles and the share whose interval lies above
   0, and for structured-spec designs the chosen difficulty levels against the Agent's frontier.
 
@@ -25,11 +26,10 @@ Only finished artifacts count: a stage's ``.partial-*`` file is ignored until it
 written. Per-iteration figures are cached in ``report/.cache/`` keyed by the size and mtime of
 the files they came from, so reporting a 400-iteration run again reads only what changed.
 
-Output, in ``RUN_DIR/report/``: ``iterations.csv``, ``iterations.jsonl`` and PNG plots
-(returns, validity, diversity, update, eval, labels, regret, frontier), each written only when it
-has data.
+``write_plots`` draws the PNG plots (returns, validity, diversity, update, eval, labels, regret,
+frontier), each only when it has data; ``save_figure`` writes a PNG atomically.
 
-    spade report runs/demo
+    rows = [iteration_row(layout, i, layout.report_dir / ".cache") for i in iterations(layout)]
 """
 
 from __future__ import annotations
@@ -298,37 +298,6 @@ def columns_of(rows: list[dict]) -> list[str]:
         [c for c in rest if not c.startswith("update.")]
 
 
-def run(run_dir: str | Path, plots: bool = True) -> dict:
-    """Build the per-iteration table and its files; returns the summary (rows included)."""
-    from spade_cli.core.artifacts import SpadeError
-
-    layout = RunLayout(Path(run_dir))
-    if not layout.root.is_dir():
-        raise SpadeError(f"{run_dir}: not a directory")
-    its = iterations(layout)
-    if not its:
-        raise SpadeError(f"{run_dir}: no iter_XXXX directories, eval files or checkpoints: is this a run directory?")
-    out_dir = layout.report_dir
-    rows = [iteration_row(layout, i, out_dir / ".cache") for i in its]
-    engine = engine_events(layout)  # outside the cache: events.jsonl grows while the run goes on
-    for r in rows:
-        r.update(engine.get(r["iteration"], {}))
-    # the highest-regret envs of each iteration with their audit flags: where a bought reward shows
-    top = [{"iteration": r["iteration"], **t} for r in rows for t in r.pop("top_regret", [])]
-    atomic_write_text(out_dir / "top_regret.csv",
-                      to_csv(top, ["iteration", "env_id", "regret", "designer_reward", "flags"]))
-    columns = columns_of(rows)
-    atomic_write_text(out_dir / "iterations.csv", to_csv(rows, columns))
-    atomic_write_text(out_dir / "iterations.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    written = []
-    if plots:
-        written = write_plots(rows, out_dir)
-    return {"status": "ok", "run_dir": str(layout.root), "iterations": len(rows), "first": its[0], "last": its[-1],
-            "csv": str(out_dir / "iterations.csv"), "jsonl": str(out_dir / "iterations.jsonl"),
-            "top_regret": str(out_dir / "top_regret.csv"),
-            "plots": [str(p) for p in written], "columns": columns, "rows": rows}
-
-
 # -- plots -------------------------------------------------------------------------------------
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -336,7 +305,7 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
     """savefig to a temp file in the same folder, then rename: readers never see half a PNG."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)
@@ -385,6 +354,6 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
         axes[-1][0].set_xlabel("iteration")
         axes[-1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.suptitle(name)
-        written.append(_save(fig, out_dir / f"{name}.png"))
+        written.append(save_figure(fig, out_dir / f"{name}.png"))
         plt.close(fig)
-    return written + report_curriculum.write_plots(rows, out_dir, plt, _save)
+    return written + report_curriculum.write_plots(rows, out_dir, plt, save_figure)
