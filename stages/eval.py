@@ -153,9 +153,9 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     episodes go to ``OUT.envs/<suite>.rollouts.jsonl``, resumable like any rollout.
     """
     try:
+        from spade_cli.rollout import play_envs as rollout
         from spade_cli.rollout.episodes import PlayConfig
         from spade_cli.sandbox import SandboxPool  # noqa: F401 - the rollout core needs it
-        from stages import rollout
     except ImportError as exc:
         raise SpadeError(f"envs: tasks need the rollout stage and the sandbox, missing here: {exc}") from None
 
