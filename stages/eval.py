@@ -146,7 +146,8 @@ def check_suite(path: Path) -> None:
 
 
 def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
-    """Mean unhinted return over a held-out suite, played by the rollout stage's own core.
+    """Mean unhinted return over a held-out suite, played by the rollout stage's own core
+    (``spade_cli.rollout.play_envs``).
 
     The rollout core plays every env k times without the hint and k times with it on the same
     seeds; the unhinted mean is the score, the hinted mean is kept as a second metric. Its

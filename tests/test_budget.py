@@ -44,7 +44,7 @@ def test_the_budget_is_split_evenly_and_the_remainder_goes_first() -> None:
 
 @pytest.mark.unit
 def test_shards_split_the_budget_over_every_shards_envs(tmp_path: Path) -> None:
-    from spade_cli.rollout.play_envs import load_envs
+    from stages.rollout import load_envs
 
     path = tmp_path / "validated.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in _rows([True] * 5)))

@@ -68,7 +68,7 @@ def _constants() -> list[tuple[object, tuple]]:
 
 def test_choices_are_what_the_code_accepts() -> None:
     from spade_cli.models import gguf, tinymodel
-    from spade_cli.rollout import play_envs as rollout
+    from stages import rollout
 
     for typ, accepted in _constants():
         if isinstance(typ, tuple):

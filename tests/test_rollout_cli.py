@@ -12,7 +12,7 @@ import time
 import pytest
 
 from spade_cli.core.records import env_id_for
-from spade_cli.rollout.play_envs import in_shard, load_envs, parse_shard
+from stages.rollout import in_shard, load_envs, parse_shard
 from tests.conftest import run_spade
 from tests.test_rollout_envs import CRASHER, GUESS, HINT, RAISER, validation_row, write_envs
 

@@ -157,8 +157,8 @@ def rollout(
 
     Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 2 --max-turns 2 --max-tokens 32 --out rollouts.jsonl[/]
     """
-    from spade_cli.rollout import play_envs as stage
     from spade_cli.rollout.episodes import PlayConfig
+    from stages import rollout as stage
 
     for name, value, allowed in (("--batching", batching, stage.BATCHING),
                                  ("--tier", tier, ("auto", "process", "strong")),

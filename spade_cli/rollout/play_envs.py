@@ -1,4 +1,6 @@
-"""`spade rollout`: play every valid environment k times without the hint and k times with it.
+"""Play every valid environment of a file k times without the hint and k times with it, into a
+resumable rollout file: the core of `spade rollout` (``stages/rollout.py``), which `spade eval`
+also runs on its held-out env suites (``envs:`` tasks), so both write the same rows.
 
 Input: ``spade.validation/1`` rows (one or more files or globs: this iteration's validated
 designs plus, for instance, a replay file of earlier environments). Only ``valid`` rows are

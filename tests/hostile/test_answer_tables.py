@@ -129,7 +129,7 @@ def _pipeline(tmp_path: Path, batches: list[list[dict]], tiny_model) -> tuple[di
     title, scores by env id."""
     from transformers import AutoTokenizer
 
-    from spade_cli.rollout import play_envs as rollout
+    from stages import rollout
 
     validated = []
     for i, batch in enumerate(batches):
