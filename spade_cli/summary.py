@@ -39,7 +39,7 @@ from spade_cli.core.records import (
     Validation,
     to_row,
 )
-from spade_cli.designer.curriculum import quantile  # noqa: F401  (re-exported: inspect's summaries use it)
+from spade_cli.designer.curriculum import quantile
 
 TOP = 10  # rows of a "most/top" list in the summary
 
