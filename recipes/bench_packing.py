@@ -4,7 +4,7 @@ Rows are drawn like multi-turn rollouts: a prompt of 200-600 tokens and a comple
 (log-normal, median 450, so most rows are short and a few are long), made of agent replies
 with environment observations between them (``env_mask`` 0, trained by nobody). Both layouts
 run the same samples in the same micro-batches through spade's own pass
-(``stages.update_train.train_pass``: old log-probs, then forward, GRPO loss, backward and AdamW
+(``spade_cli.training.trainer.train_pass``: old log-probs, then forward, GRPO loss, backward and AdamW
 step per micro-batch), ``--packing off`` against ``--packing on``, alternating, after one
 untimed warm-up each; model loading is excluded. Printed: the padding share of each layout
 (tokens the model computes that belong to no row; also counted, without a model, over
@@ -88,7 +88,8 @@ def run_pass(model_dir: Path, samples: list, batch: int, packing: str, seed: int
     import torch
 
     from spade_cli.training import grpo
-    from stages import update, update_train
+    from spade_cli.training import trainer as update_train
+    from stages import update
 
     samples = copy.deepcopy(samples)
     adv, _ = grpo.group_advantages(torch.tensor([s.reward for s in samples]), [s.group for s in samples])

@@ -68,7 +68,8 @@ def bench_spade(model_dir: Path, samples: list, batch: int, state_dir: Path) -> 
     import torch
 
     from spade_cli.training import grpo
-    from stages import update, update_train
+    from spade_cli.training import trainer as update_train
+    from stages import update
 
     samples = copy.deepcopy(samples)
     adv, _ = grpo.group_advantages(torch.tensor([s.reward for s in samples]), [s.group for s in samples])

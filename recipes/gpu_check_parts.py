@@ -38,7 +38,7 @@ SHAPES = {  # "gpu": Qwen3-0.6B's layers (head_dim 128 as in Qwen3-4B/8B); "dry"
                 num_key_value_heads=1, head_dim=32),
 }
 # what the update, the trainer and the hf backend import: the check of an install
-IMPORTS = ("spade_cli.app", "stages.update_train", "msgspec", "trl.trainer.utils", "datasets", "deepspeed")
+IMPORTS = ("spade_cli.app", "spade_cli.training.trainer", "msgspec", "trl.trainer.utils", "datasets", "deepspeed")
 
 
 def _cuda() -> bool:
@@ -216,7 +216,7 @@ def resume(work: Path, first: str, chained: str) -> dict:
     from safetensors.torch import load_file
 
     from stages import update as stage
-    from stages import update_train
+    from spade_cli.training import trainer as update_train
 
     cfg = stage.UpdateConfig(**json.loads((work / first / "update.json").read_text())["config"])
     samples, _ = stage.collect_samples(cfg)

@@ -39,15 +39,9 @@ from spade_cli.core.records import (
     Validation,
     to_row,
 )
+from spade_cli.designer.curriculum import quantile
 
 TOP = 10  # rows of a "most/top" list in the summary
-
-
-def quantile(vals: list[float], p: float) -> float:
-    """The p-quantile of sorted, non-empty ``vals``, interpolated linearly (numpy's default)."""
-    k = (len(vals) - 1) * p
-    lo, hi = int(k), min(int(k) + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
 
 
 def describe(values: Iterable[float | None]) -> dict | None:

@@ -5,7 +5,7 @@ Inputs: directories, each one of
 - an arm, ``ARM/RUN/``: every run directory inside is one seed of the arm named after the folder;
 - a run directory (``runs/NAME``): one seed of an arm named NAME.
 
-Every run is read through ``stages.report`` (``iterations`` and ``iteration_row``, with the run's
+Every run is read through ``spade_cli.reporting.iterations`` (``iterations`` and ``iteration_row``, with the run's
 own report cache), so a figure means here what it means in ``spade report``. Per run and
 benchmark (an ``eval:<task>/<metric>`` column) the value is taken at one iteration, the same for
 every run: the latest iteration at which every run of the comparison has that benchmark (a
@@ -39,7 +39,7 @@ from typing import Any
 
 from spade_cli.core.artifacts import SpadeError, atomic_write_text
 from spade_cli.core.layout import RunLayout
-from stages import report
+from spade_cli.reporting import iterations as report
 
 BUDGET_ROWS = [("episodes", "Agent episodes / iteration"), ("agent_tokens", "Agent tokens / iteration")]
 MARK = "†"
@@ -301,7 +301,7 @@ def write_curves(arms: dict[str, list[dict]], benches: list[str], out_dir: Path)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.suptitle(f"{bench}: mean over seeds, 95% CI band")
-        written.append(report._save(fig, out_dir / f"curve-{slug(bench)}.png"))
+        written.append(report.save_figure(fig, out_dir / f"curve-{slug(bench)}.png"))
         plt.close(fig)
     return written
 

@@ -44,25 +44,14 @@ from spade_cli.core.artifacts import (
     atomic_write_text,
     dumps,
     later_defaults_dropped,
-    read_records,
 )
 from spade_cli.core.errors import check_rows
 from spade_cli.core.records import FAILED_PREFIX, Design, failed_design_id  # noqa: F401  (FAILED_PREFIX: re-exported)
 from spade_cli.designer import corpus as corpus_mod
+from spade_cli.designer import plan as prompt_plan
 from spade_cli.designer import prompts
 from spade_cli.envs import pool as pool_mod
-
-# The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
-EXAMPLE_ENV = "ledger_reconcile"
-
-
-def worked_example() -> dict:
-    envs = {e["name"]: e for e in pool_mod.load_folder(pool_mod.BUNDLED_POOL)}
-    return envs[EXAMPLE_ENV]
-
-
-def _group_id(seed: int, iteration: int, g: int) -> str:
-    return f"i{iteration:04d}-g{g:03d}-" + hashlib.sha256(f"{seed}|{iteration}|{g}".encode()).hexdigest()[:8]
+from spade_cli.envs.pool import EXAMPLE_ENV, worked_example  # noqa: F401  (re-exported)
 
 
 def _sub_seed(*parts: Any) -> int:
@@ -72,25 +61,10 @@ def _sub_seed(*parts: Any) -> int:
 def plan_prompts(n: int, group: int, seed: int, iteration: int, corpus: str | None, grounding: bool,
                  memory: str | Path | None, excerpt_chars: int, memory_k: int = 12,
                  example: bool = True, signal: str = "regret", contract: str = "full") -> list[dict]:
-    """The ``n / group`` prompts of a run: ``{group_id, doc, messages}``, no model needed."""
-    docs = corpus_mod.load_corpus(corpus) if grounding else None
-    mem = read_records(memory, expect="spade.memory") if memory else []
-    memory_text = prompts.memory_summary(mem, k=memory_k)
-    worked = worked_example() if example else None
-    groups = n // group
-    picks = corpus_mod.select_docs(docs, groups, seed, iteration) if docs else [None] * groups
-    plan = []
-    for g, d in enumerate(picks):
-        doc = None
-        if d is not None:
-            text = corpus_mod.excerpt(d["text"], excerpt_chars, key=f"{d['id']}|{seed}|{iteration}|{g}")
-            doc = {"id": d["id"], "source": d["source"], "text": text}
-        messages = prompts.build_messages(worked, doc["text"] if doc else None, memory_text, signal=signal,
-                                          contract=contract)
-        plan.append({"group_id": _group_id(seed, iteration, g), "doc": doc, "messages": messages})
-    return plan
-
-
+    """The ``n / group`` prompts of a run (``spade_cli.designer.plan``), with the bundled worked
+    example unless ``example`` is false."""
+    return prompt_plan.plan_prompts(n, group, seed, iteration, corpus, grounding, memory, excerpt_chars, memory_k,
+                                    pool_mod.worked_example() if example else None, signal, contract)
 
 
 def _unclosed(text: str) -> bool:

@@ -146,16 +146,17 @@ def check_suite(path: Path) -> None:
 
 
 def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
-    """Mean unhinted return over a held-out suite, played by the rollout stage's own core.
+    """Mean unhinted return over a held-out suite, played by the rollout stage's own core
+    (``spade_cli.rollout.play_envs``).
 
     The rollout core plays every env k times without the hint and k times with it on the same
     seeds; the unhinted mean is the score, the hinted mean is kept as a second metric. Its
     episodes go to ``OUT.envs/<suite>.rollouts.jsonl``, resumable like any rollout.
     """
     try:
+        from spade_cli.rollout import play_envs as rollout
         from spade_cli.rollout.episodes import PlayConfig
         from spade_cli.sandbox import SandboxPool  # noqa: F401 - the rollout core needs it
-        from stages import rollout
     except ImportError as exc:
         raise SpadeError(f"envs: tasks need the rollout stage and the sandbox, missing here: {exc}") from None
 

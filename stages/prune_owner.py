@@ -195,7 +195,7 @@ def foreign(layout: RunLayout, ck: Path, ckpt_fd: int, ck_fd: int) -> str | None
 
 def _live(state: dict, where: Path) -> str | None:
     """Who serves, when the state file's server may be running; None when it certainly is not."""
-    from stages.serve import _proc_start
+    from spade_cli.core.locks import proc_start
 
     pid, host = state.get("pid"), state.get("host")
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
@@ -208,7 +208,7 @@ def _live(state: dict, where: Path) -> str | None:
         return None
     except PermissionError:
         pass
-    recorded, now = state.get("proc_start"), _proc_start(pid)
+    recorded, now = state.get("proc_start"), proc_start(pid)
     if recorded is None:
         return f"pid {pid} of {where} (no start time recorded: it may be a reused pid)"
     return f"the server of {where} (pid {pid})" if now is None or now == recorded else None

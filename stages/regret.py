@@ -61,7 +61,6 @@ from spade_cli.core.artifacts import (
     Stage,
     check_output,
     expand_inputs,
-    fingerprint,
     manifest_path,
     read_rows,
     sha256_file,
@@ -248,14 +247,16 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "memory_out": str(mem_out) if mem_out else None, "audit": audit, "audit_seeds": audit_seeds,
               "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward,
               "max_error_rate": max_error_rate, **({"shuffle_rewards": True} if shuffle_rewards else {})}
-    stage = Stage(STAGE, out, config, force=force, started=t0)
-    stage.inputs = {"envs": [fingerprint(p) for p in env_paths], "rollouts": roll_fps}
+    # the rollouts were hashed during the scan: their fingerprints are passed, not taken again
+    inputs: dict[str, list[Path]] = {"envs": env_paths, "rollouts": roll_paths}
     if played_paths:
-        stage.inputs["played"] = [fingerprint(p) for p in played_paths]
+        inputs["played"] = played_paths
     if before_fps:
-        stage.inputs["before_rollouts"] = before_fps
+        inputs["before_rollouts"] = before_paths
     if mem_path:
-        stage.inputs["memory"] = [fingerprint(mem_path)]
+        inputs["memory"] = [mem_path]
+    stage = Stage.begin(STAGE, out, config, inputs, force=force, started=t0,
+                        hashed={"rollouts": roll_fps, "before_rollouts": before_fps})
     if stage.check():
         old = json.loads(manifest_path(out).read_text())
         side = old.get("side_outputs", {})

@@ -1,6 +1,6 @@
 """`spade report --report-to`: each iteration's figures to the experiment trackers a user names.
 
-The figures are the report's own rows (``stages.report.iteration_row``: validity, returns, regret,
+The figures are the report's own rows (``spade_cli.reporting.iterations.iteration_row``: validity, returns, regret,
 Vendi, the curriculum diagnostics, ``update.*``, ``eval:*``), under the column names of
 ``iterations.csv``, with the iteration as the step, as TRL's ``report_to`` sends a trainer's logs:
 

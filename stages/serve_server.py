@@ -31,6 +31,8 @@ from typing import Any
 
 from spade_cli.core.artifacts import SpadeError, atomic_write_text, fingerprint
 from spade_cli.core.layout import RunLayout
+from spade_cli.core.locks import proc_start as _proc_start
+from spade_cli.core.locks import proc_stat as _proc_stat
 
 SERVED_NAME = "spade"
 
@@ -274,22 +276,6 @@ def _point(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.resolve(), target_is_directory=True)
     os.replace(tmp, link)
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """The process's state letter and start time in clock ticks since boot (``/proc/PID/stat``
-    fields 3 and 22); None where there is no such entry."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot; None where there is no /proc entry."""
-    stat = _proc_stat(pid)
-    return None if stat is None else stat[1]
 
 
 def _leads_group(pid: int) -> bool:

@@ -58,7 +58,8 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
 
     from spade_cli.backends import render_chat
     from spade_cli.designer import prompts
-    from stages.design import plan_prompts
+    from spade_cli.designer.plan import plan_prompts
+    from spade_cli.envs.pool import worked_example
 
     eos = tokenizer.eos_token_id
     samples = []
@@ -72,7 +73,8 @@ def build_samples(tokenizer: Any, envs: list[dict], epochs: int, seed: int, corp
             # the copies as duplicates).
             [p] = plan_prompts(n=1, group=1, seed=seed, iteration=epoch, corpus=corpus,
                                grounding=grounding, memory=memory, excerpt_chars=excerpt_chars,
-                               example=example, contract=contract, memory_k=memory_k)
+                               worked=worked_example() if example else None, contract=contract,
+                               memory_k=memory_k)
             prompt_ids = render_chat(tokenizer, p["messages"], enable_thinking=enable_thinking)
             for env in envs:
                 answer = (_spec_answer(env["spec"], seed, epoch) if contract == "spec"

@@ -100,6 +100,24 @@ def test_stage_protocol_up_to_date_and_refusal(tmp_path):
     assert forced.check() is False
 
 
+def test_begin_takes_fingerprints_a_stage_already_took(tmp_path, monkeypatch):
+    """regret hashes its rollouts while it scans them: begin uses those fingerprints, in the order
+    of the roles given, hashes only the other roles, and dates the run from when it started."""
+    from spade_cli.core import artifacts
+
+    inp, rolls = tmp_path / "in.jsonl", tmp_path / "rollouts.jsonl"
+    write_jsonl(inp, [D])
+    write_jsonl(rolls, [D, D])
+    taken = [artifacts.fingerprint(rolls)]
+    hashed: list = []
+    real = artifacts.fingerprint
+    monkeypatch.setattr(artifacts, "fingerprint", lambda p, *a: hashed.append(p) or real(p, *a))
+    st = Stage.begin("demo", tmp_path / "out.jsonl", {}, {"envs": [inp], "rollouts": [rolls]},
+                     hashed={"rollouts": taken}, started=123.0)
+    assert list(st.inputs) == ["envs", "rollouts"] and st.inputs["rollouts"] is taken
+    assert hashed == [inp] and st.started == 123.0
+
+
 def test_hand_edited_output_is_not_up_to_date(tmp_path):
     inp = tmp_path / "in.jsonl"
     write_jsonl(inp, [D])

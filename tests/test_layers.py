@@ -1,8 +1,10 @@
 """The import layers (docs/architecture.md, 'Layout'), checked statically with ``ast``.
 
 ``stages/`` builds on the library in ``spade_cli/``, never the reverse: only a command's thin
-wrapper (``spade_cli/commands/<stage>.py``) calls into its own stage. And no two modules import
-each other, not even through an import inside a function: shared types live in leaf modules.
+wrapper (``spade_cli/commands/<stage>.py``) calls into its own stage, and a stage calls no other
+stage (what two stages share lives in the library). And no two modules import each other, not even
+through an import inside a function: shared types live in leaf modules. Every stage builds its
+``Stage`` through ``Stage.begin``.
 Imports under ``if TYPE_CHECKING:`` are annotations only and are left out.
 """
 
@@ -19,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The library's folders, bottom layer first: a folder imports only from folders before it (and
 # from itself). The command line (spade_cli's own top-level modules and commands/) sits above all.
 FOLDERS = ["core", "sandbox", "backends", "models", "training", "designer", "rollout", "checks", "envs",
-           "evaluation"]
+           "evaluation", "reporting"]
 # spade_cli's own top-level modules: the command line, shared by every command
 TOP_LEVEL = {"spade_cli", "spade_cli.__main__", "spade_cli.app", "spade_cli.cli", "spade_cli.summary"}
 
@@ -82,6 +84,28 @@ def test_a_command_calls_only_its_own_stage() -> None:
         if m.startswith("spade_cli.commands."):
             stages = {i for i in deps if i.split(".")[0] == "stages"}
             assert stages <= {"stages", f"stages.{m.rpartition('.')[2]}"}, (m, stages)
+
+
+def _stage_of(module: str) -> str:
+    """The stage a module of ``stages/`` belongs to: ``stages.serve_server`` is part of ``serve``."""
+    return module.split(".")[1].split("_")[0]
+
+
+def test_a_stage_calls_no_other_stage() -> None:
+    calls = {m: sorted(d for d in deps if d.startswith("stages.") and _stage_of(d) != _stage_of(m))
+             for m, deps in GRAPH.items() if m.startswith("stages.")}
+    assert not {m: d for m, d in calls.items() if d}, "a stage calls another stage (move the shared part down)"
+
+
+def test_every_stage_begins_through_stage_begin() -> None:
+    """``Stage.begin`` checks the outputs and fingerprints the inputs; a hand-built ``Stage`` skips that."""
+    built = []
+    for m, path in MODULES.items():
+        if m.startswith("stages."):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and ast.unparse(node.func) == "Stage":
+                    built.append(f"{path.name}:{node.lineno}")
+    assert not built, f"build the Stage with Stage.begin: {built}"
 
 
 def _cycles() -> list[set[str]]:

@@ -64,7 +64,7 @@ def _rows(tok: object) -> list:
 
 
 def _pass(model: object, temps: object, rows: list, packed: bool) -> tuple:
-    from stages import update_model
+    from spade_cli.training import policy as update_model
 
     model.zero_grad()
     mb = grpo.collate(rows, rows[0], 0, "cpu", packed=packed)
@@ -83,7 +83,7 @@ def test_packed_equals_padded(tiny_model: Path, attention: str) -> None:
     layouts, environment tokens get nothing, and the stand-in row changes nothing."""
     from transformers import AutoTokenizer
 
-    from stages import update_model
+    from spade_cli.training import policy as update_model
 
     temps = update_model.RowTemperature()
     model = update_model.load(str(tiny_model), 1.0, temps)
@@ -111,7 +111,7 @@ def test_packed_equals_padded(tiny_model: Path, attention: str) -> None:
 @pytest.mark.integration
 def test_which_models_pack(tiny_model: Path) -> None:
     from spade_cli.core.artifacts import SpadeError
-    from stages import update_model
+    from spade_cli.training import policy as update_model
 
     model = update_model.load(str(tiny_model), 1.0, None)
     assert packing.unsupported(model) is None

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from spade_cli.core.artifacts import SpadeError
-from stages import update_staleness
+from spade_cli.training import staleness as update_staleness
 from tests.conftest import REPO
 
 

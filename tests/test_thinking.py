@@ -105,7 +105,7 @@ def test_one_budget_still_records_an_unclosed_block(tiny_model):
 
 @pytest.mark.unit
 def test_dropped_reasoning_trains_each_turn_on_what_the_model_saw(tiny_model):
-    from stages.update_samples import _sequences
+    from spade_cli.training.samples import _sequences
 
     backend = _fake(tiny_model, ["<think>\nreason A\n</think>", "\n\n5"], template=DROPPING)
     rows = _play(backend, max_turns=3, think_tokens=16, answer_tokens=8)  # auto: the template drops
@@ -202,8 +202,8 @@ def _score(env: str, flags: list[str]) -> dict:
 
 
 def _collect(tmp_path: Path, rows: list[dict], scores: list[dict]):
+    from spade_cli.training.samples import collect_samples
     from stages.update import UpdateConfig
-    from stages.update_samples import collect_samples
 
     for name, data in (("r.jsonl", rows), ("s.jsonl", scores)):
         (tmp_path / name).write_text("".join(json.dumps(x) + "\n" for x in data))

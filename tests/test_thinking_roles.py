@@ -51,8 +51,8 @@ def _design(tmp_path: Path, backend: FakeBackend, **kw) -> tuple[dict, list]:
 
 def _designer_samples(tmp_path: Path, rows: list) -> list:
     """The Designer's GRPO samples of these rows, rewarded 1 and 0 so the group has a spread."""
+    from spade_cli.training.samples import collect_samples
     from stages.update import UpdateConfig
-    from stages.update_samples import collect_samples
 
     scores = [{"schema": "spade.score/1", "env_id": r.env_id, "iteration": 0, "signal": "regret",
                "hinted_mean": 0.0, "unhinted_mean": 0.0, "hinted_n": 1, "unhinted_n": 1, "regret": 0.0,

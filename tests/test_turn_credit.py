@@ -33,8 +33,8 @@ def _row(i: int, rewards: list[float], *, env: str = "envA", error: str | None =
 
 
 def _collect(tmp_path: Path, rows: list[dict], **kw: object):
+    from spade_cli.training.samples import collect_samples
     from stages.update import UpdateConfig
-    from stages.update_samples import collect_samples
 
     path = tmp_path / "rollouts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -154,7 +154,9 @@ def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path)
     import torch
 
     from spade_cli.training import grpo
-    from stages import update, update_model, update_train
+    from spade_cli.training import policy as update_model
+    from spade_cli.training import trainer as update_train
+    from stages import update
 
     cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", designs=[], scores=[])
     samples, _ = update.collect_samples(cfg)
@@ -313,7 +315,7 @@ def test_no_learning_signal_passes_the_model_through(artifacts: dict, tiny_model
 @pytest.mark.unit
 def test_an_episode_from_a_text_mode_server_has_no_sampler_logprobs(tmp_path: Path) -> None:
     from spade_cli.core.artifacts import InputError
-    from stages.update_samples import _tokens
+    from spade_cli.training.samples import _tokens
 
     # `transformers serve` gives no log-probs: None at every token, agent and env alike
     row = {"prompt_ids": [1, 2], "completion_ids": [3, 4, 5], "env_mask": [1, 0, 1], "logprobs": [None] * 3}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spade_cli.core.artifacts import SpadeError
-from stages import update_model
+from spade_cli.training import policy as update_model
 
 pytestmark = pytest.mark.unit
 

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.integration
 
 DRIVER = """
 import json, os, sys
-from stages import update_train
-from stages.update_samples import collect_samples
-from stages.update_config import UpdateConfig
+from spade_cli.training import trainer as update_train
+from spade_cli.training.samples import collect_samples
+from spade_cli.training.config import UpdateConfig
 
 cfg = UpdateConfig(**json.loads(sys.argv[1]))
 samples, _ = collect_samples(cfg)

@@ -54,7 +54,7 @@ def test_a_nan_designer_reward_is_refused_with_its_row(artifacts: dict, tiny_mod
 def test_an_advantage_that_overflows_names_its_row(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
     """Finite in Python, infinite in the float32 the advantages are computed in."""
     from spade_cli.core.artifacts import InputError
-    from stages.update_samples import collect_samples
+    from spade_cli.training.samples import collect_samples
 
     rows = [json.loads(ln) for ln in artifacts["scores"].read_text().splitlines()]
     rows[0]["designer_reward"] = 1e39

@@ -1,4 +1,4 @@
-"""The role balance of `spade update` (stages/update_roles.py): hand-computed plans and weights, the
+"""The role balance of `spade update` (spade_cli/training/role_balance.py): hand-computed plans and weights, the
 per-row KL coefficient, and one real update through the CLI on a model from `spade init-model`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stages import update_roles
-from stages.update_config import UpdateConfig
+from spade_cli.training import role_balance as update_roles
+from spade_cli.training.config import UpdateConfig
 
 
 def _roles_of(steps: list, roles: list[str]) -> list[list[str]]:

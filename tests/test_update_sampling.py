@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spade_cli.core.artifacts import InputError
-from stages.update_samples import collect_samples
+from spade_cli.training.samples import collect_samples
 from tests.test_update import _config, make_artifacts
 
 pytestmark = pytest.mark.integration

@@ -49,7 +49,8 @@ def _masters(ckpt: Path) -> dict:
 def test_ten_chained_bf16_updates_equal_one_process(bf16_artifacts: dict, bf16_model: Path, tmp_path: Path) -> None:
     import torch
 
-    from stages import update, update_train
+    from spade_cli.training import trainer as update_train
+    from stages import update
 
     kw = dict(learning_rate=1e-6, max_grad_norm=1.0)
     prev = bf16_model

@@ -299,11 +299,20 @@ class Stage:
 
     @classmethod
     def begin(cls, name: str, out: str | Path, config: dict, inputs: dict[str, Iterable[str | Path]],
-              force: bool = False, out_kind: str = "file") -> Stage:
+              force: bool = False, out_kind: str = "file", hashed: dict[str, list[dict]] | None = None,
+              started: float | None = None) -> Stage:
+        """Check ``out`` against the inputs and fingerprint them, role by role in the order given.
+        ``hashed`` holds a role's fingerprints already taken (a stage that hashes its inputs while
+        it scans them, as regret does its rollouts), used instead of hashing the files again;
+        ``started``: when the run began, for the manifest's wall time (default: now)."""
         inputs = {role: list(paths) for role, paths in inputs.items()}
         check_output(out, [p for paths in inputs.values() for p in paths], kind=out_kind, writable=False)
         stage = cls(name, Path(out), dict(config), force=force, out_kind=out_kind)
-        stage.inputs = {role: [fingerprint(p) for p in paths] for role, paths in inputs.items()}
+        if started is not None:
+            stage.started = started
+        hashed = hashed or {}
+        stage.inputs = {role: hashed[role] if role in hashed else [fingerprint(p) for p in paths]
+                        for role, paths in inputs.items()}
         return stage
 
     # -- up-to-date check -------------------------------------------------------------------------

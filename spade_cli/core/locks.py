@@ -54,6 +54,22 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """The process's state letter and start time in clock ticks since boot (``/proc/PID/stat``
+    fields 3 and 22); None where there is no such entry."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot; None where there is no /proc entry."""
+    stat = proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
 def holder() -> dict:
     job = os.environ.get("SLURM_JOB_ID")
     if os.environ.get("SLURM_ARRAY_JOB_ID"):

@@ -56,6 +56,13 @@ def mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def quantile(vals: list[float], p: float) -> float:
+    """The p-quantile of sorted, non-empty ``vals``, interpolated linearly (numpy's default)."""
+    k = (len(vals) - 1) * p
+    lo, hi = int(k), min(int(k) + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
+
+
 def sample_var(xs: Sequence[float]) -> float:
     m = sum(xs) / len(xs)
     return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)

@@ -126,6 +126,15 @@ def load_folder(folder: Path) -> list[dict]:
     return out
 
 
+# The bundled environment shown to the Designer as its worked example: short, complete, multi-step.
+EXAMPLE_ENV = "ledger_reconcile"
+
+
+def worked_example() -> dict:
+    envs = {e["name"]: e for e in load_folder(BUNDLED_POOL)}
+    return envs[EXAMPLE_ENV]
+
+
 def load_jsonl(path: Path) -> list[dict]:
     out = []
     for p, line, rec in read_rows(path, expect=("spade.design", "spade.validation")):

@@ -389,7 +389,7 @@ class Engine:
         mask = list(sample.extra.get("sampled_mask") or [1] * len(sample.token_ids))[:len(ids)]
         lps = [lp if m else None for lp, m in zip(lps, mask, strict=False)]
         start = len(ep.completion_ids)
-        if ep.context is not None:  # drop: this turn trains as its own sequence (update_samples)
+        if ep.context is not None:  # drop: this turn trains as its own sequence (spade_cli.training.samples)
             keep = _common_prefix(ep.last_prompt, ep.context)
             ep.turn_prompts.append({"prefix": keep, "ids": ep.context[keep:], "start": start,
                                     "end": start + len(ids)})
@@ -398,7 +398,7 @@ class Engine:
         ep.completion_ids += ids
         ep.env_mask += mask
         ep.logprobs += lps
-        ep.reply_ends.append(len(ep.completion_ids))  # per-turn credit (update_samples) needs the spans
+        ep.reply_ends.append(len(ep.completion_ids))  # per-turn credit (spade_cli.training.samples) needs the spans
         ep.gen_tokens += sum(mask)
         self.stats.gen_tokens += sum(mask)
         body = ids[:-1] if ids and ids[-1] == self.eos else ids

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from spade_cli.core.artifacts import SpadeError
-from stages.update_config import UpdateConfig
+from spade_cli.training.config import UpdateConfig
 
 
 class RowTemperature:

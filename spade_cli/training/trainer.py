@@ -1,6 +1,6 @@
 """`spade update`'s optimizer: model, optimizer and state set-up, and one GRPO pass over the samples.
 
-``prepare`` builds the accelerator, the fp32 model (``stages.update_model``: TRL's fused LM head,
+``prepare`` builds the accelerator, the fp32 model (``spade_cli.training.policy``: TRL's fused LM head,
 dropout off; optional LoRA and gradient checkpointing), AdamW and the LR scheduler, the KL
 reference, and resumes the trainer state of the input checkpoint when there is one
 (``accelerator.load_state``: fp32 master weights, Adam moments, scheduler, RNG). ``train_pass`` then
@@ -12,7 +12,7 @@ reference, and resumes the trainer state of the input checkpoint when there is o
    ``exp(old - sampler)`` against the stored sampler log-probs, which corrects for what the sampler
    did differently (vLLM in bf16, top-p renormalisation, the bf16 rounding of the served weights);
 3. normalises each role's loss over its own tokens or sequences in the step (``grpo.row_scales``),
-   weights it by the role's share (``stages.update_roles``), scores each sample at its own
+   weights it by the role's share (``spade_cli.training.role_balance``), scores each sample at its own
    sampling temperature, and steps AdamW and the scheduler;
 4. refuses a non-finite loss or gradient norm before it reaches the weights.
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spade_cli.core.artifacts import SpadeError
-from stages import update_model, update_roles
-from stages.update_config import UpdateConfig
+from spade_cli.training import policy, role_balance
+from spade_cli.training.config import UpdateConfig
 
 if TYPE_CHECKING:
     from spade_cli.training.grpo import Sample
@@ -42,7 +42,7 @@ class Trainer:
     scheduler: Any
     ref: Any
     tokenizer: Any
-    temps: update_model.RowTemperature | None
+    temps: policy.RowTemperature | None
     ref_kind: str | None  # "adapter_off" | "copy" | None
     counters: dict = field(default_factory=dict)
     snapshots: dict = field(default_factory=dict)
@@ -66,7 +66,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     if ds is not None:  # no dataloader goes through prepare(), so DeepSpeed cannot infer these
         ds.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.per_device_train_batch_size
         ds.deepspeed_config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
-        update_model.deepspeed_clip(ds.deepspeed_config, cfg.max_grad_norm)
+        policy.deepspeed_clip(ds.deepspeed_config, cfg.max_grad_norm)
     # Every generator accelerate saves with the state (python, numpy, torch), not only torch's: an
     # unseeded one starts from OS entropy, and the RNG state a pass saves would differ between two
     # identical runs (and between a preempted-and-resumed pass and an uninterrupted one).
@@ -74,8 +74,8 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     uniform = len(temperatures) <= 1
     head_t = next(iter(temperatures)) if uniform and temperatures else 1.0
-    row_temps = None if uniform else update_model.RowTemperature()
-    model = update_model.load(cfg.model, head_t, row_temps, update_model.direct_device(accelerator))
+    row_temps = None if uniform else policy.RowTemperature()
+    model = policy.load(cfg.model, head_t, row_temps, policy.direct_device(accelerator))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -95,7 +95,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
         if cfg.lora and ref_path == frozen:
             ref_kind = "adapter_off"
         else:
-            ref, ref_kind = update_model.reference(accelerator, cfg, ref_path, head_t, row_temps), "copy"
+            ref, ref_kind = policy.reference(accelerator, cfg, ref_path, head_t, row_temps), "copy"
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
                             weight_decay=cfg.weight_decay)
@@ -148,7 +148,7 @@ def shard_old_logps(tr: Trainer, samples: list[Sample], bs: int, pad_id: int, pa
             c = mine[k] if k < len(mine) else (mine[0] if mine else 0)
             mb = grpo.collate(chunks[c], chunks[c][0], pad_id, acc.device, packed)
             with acc.autocast():
-                lp, _ = update_model.logps(tr.model, mb, tr.temps)
+                lp, _ = policy.logps(tr.model, mb, tr.temps)
             if k >= len(mine):
                 continue
             rows = lp.float().tolist()
@@ -260,10 +260,10 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
         tr.counters["optimizer_steps"] = resumed["optimizer_steps"]
     mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
     roles = [s.role for s in samples]
-    plan = update_roles.plan(roles, cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
-    balance = update_roles.step_weights(plan, roles, update_roles.resolve_shares(cfg, set(roles)))
+    plan = role_balance.plan(roles, cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
+    balance = role_balance.step_weights(plan, roles, role_balance.resolve_shares(cfg, set(roles)))
     weight = {r: b["step_weight"] for r, b in balance.items()}
-    beta, kl_on = update_roles.betas(cfg), tr.ref_kind is not None
+    beta, kl_on = role_balance.betas(cfg), tr.ref_kind is not None
     t0 = time.time()
     for step, ranks in enumerate(plan):
         if step < start:
@@ -299,15 +299,15 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                     is_w, _ = grpo.sampler_correction(mb["old"], mb["sampler"], mask, cfg.tis_mode, cfg.tis_cap,
                                                       cfg.tis_min)
                 with acc.autocast():
-                    lp, ent = update_model.logps(model, mb, tr.temps)
+                    lp, ent = policy.logps(model, mb, tr.temps)
                     ref_lp = None
                     if kl_on:
                         with torch.no_grad():
                             if tr.ref is not None:
-                                ref_lp, _ = update_model.logps(tr.ref, mb, tr.temps)
+                                ref_lp, _ = policy.logps(tr.ref, mb, tr.temps)
                             else:
                                 with acc.unwrap_model(model).disable_adapter():
-                                    ref_lp, _ = update_model.logps(model, mb, tr.temps)
+                                    ref_lp, _ = policy.logps(model, mb, tr.temps)
                 lp = lp.float()
                 ptl, coef_1, kl = grpo.per_token_loss(
                     lp, mb["old"], mb["adv"], mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,

@@ -2,7 +2,7 @@
 
 Agent samples are episodes (``spade.rollout/1``) grouped by ``(env_id, hinted)``, rewarded by their
 ``return``; Designer samples are designs with tokens grouped by ``group_id``, rewarded by their
-score row's ``designer_reward`` (see ``stages.update`` for the rules). This module also finds how
+score row's ``designer_reward`` (see ``stages/update.py`` for the rules). This module also finds how
 each sample was drawn, because the trainer must score it at the same temperature and the sampler
 correction is only sound for full-distribution sampling or for stored log-probs that say what the
 sampler did:
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from spade_cli.core.artifacts import InputError, read_rows
 from spade_cli.core.records import Design, Rollout, Score
-from stages.update_config import UpdateConfig
+from spade_cli.training.config import UpdateConfig
 
 if TYPE_CHECKING:
     from spade_cli.training.grpo import Sample

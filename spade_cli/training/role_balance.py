@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 
 from spade_cli.core.artifacts import SpadeError
-from stages.update_config import UpdateConfig
+from spade_cli.training.config import UpdateConfig
 
 ROLES = ("agent", "designer")
 

@@ -1,5 +1,5 @@
-"""The settings of `spade update`, in a module of their own: the stage and its two halves
-(``stages.update_samples``, ``stages.update_train``) all read them, and none imports another for it.
+"""The settings of `spade update`, in a module of their own: the stage and the library's pieces
+(``spade_cli.training.samples``, ``trainer``, ``loop``) all read them, and none imports another for it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The curriculum diagnostics of `spade report`: where each iteration's designs fall against the Agent.
 
-`stages.report` calls these per iteration; formulas and an example in docs/report.md ("Curriculum
+``spade_cli.reporting.iterations`` calls these per iteration; formulas and an example in docs/report.md ("Curriculum
 diagnostics"). From the iteration's artifacts:
 
 - **Label shares** (``scores.jsonl``): each valid design is labelled as the Designer's memory
@@ -36,9 +36,8 @@ from typing import Any
 from spade_cli.core.artifacts import manifest_path, read_rows
 from spade_cli.core.layout import RunLayout
 from spade_cli.core.records import Score, Validation
-from spade_cli.designer.curriculum import level_of
+from spade_cli.designer.curriculum import level_of, quantile
 from spade_cli.designer.prompts import label
-from spade_cli.summary import quantile
 
 LABELS = {"too easy": "share_too_easy", "learnable": "share_learnable", "too hard": "share_too_hard",
           "no signal": "share_no_signal", "untested": "share_untested"}
