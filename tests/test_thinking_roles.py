@@ -59,7 +59,7 @@ def _designer_samples(tmp_path: Path, rows: list) -> list:
                "regret_ci95": 0.0, "designer_reward": float(r.sample == 0), "group_id": r.group_id,
                "sample": r.sample} for r in rows]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scores))
-    cfg = UpdateConfig(model="m", designs=[str(tmp_path / "designs.jsonl")], scores=[str(tmp_path / "s.jsonl")],
+    cfg = UpdateConfig(model="m", envs=[str(tmp_path / "designs.jsonl")], scores=[str(tmp_path / "s.jsonl")],
                        temperature=1.0)
     samples, _ = collect_samples(cfg)
     return sorted(samples, key=lambda s: s.reward, reverse=True)
@@ -102,7 +102,7 @@ def test_design_update_trains_the_sampled_tokens_of_two_phase_designs(tiny_model
                       think_tokens=6, answer_tokens=200)
     _designer_samples(tmp_path, rows)  # writes the scores
     out = tmp_path / "ckpt"
-    summary = update.run(UpdateConfig(model=str(tiny_model), designs=[str(tmp_path / "designs.jsonl")],
+    summary = update.run(UpdateConfig(model=str(tiny_model), envs=[str(tmp_path / "designs.jsonl")],
                                       scores=[str(tmp_path / "s.jsonl")], out=str(out), learning_rate=1e-3,
                                       per_device_train_batch_size=2, max_grad_norm=0.0))
     assert summary["status"] == "ok" and summary["designer_samples"] == 2

@@ -249,9 +249,24 @@ LATER_DEFAULTS = {"design": {"contract": "full"},
 LATER_INPUT_ROLES = {"warmstart": {"pool"}}
 
 
+# Settings renamed so that each is named as its flag (name = flag = `--config` key = manifest key):
+# a manifest written before is read with the new names, so its run stays "up to date". None: the
+# setting no longer changes the output and left the comparison.
+KEYS_RENAMED: dict[str, dict[str, str | None]] = {
+    "update": {"importance_sampling": "tis", "max_completion_length": "dr_grpo_length"},
+}
+
+
 def later_defaults_dropped(config: dict[str, Any], stage: str) -> dict[str, Any]:
     later = LATER_DEFAULTS.get(stage, {})
     return {k: v for k, v in config.items() if not (k in later and v == later[k])}
+
+
+def keys_renamed(config: dict[str, Any], stage: str) -> dict[str, Any]:
+    """An older manifest's config under today's names (``KEYS_RENAMED``)."""
+    renamed = KEYS_RENAMED.get(stage, {})
+    out = {renamed.get(k, k): v for k, v in config.items() if renamed.get(k, k) is not None}
+    return later_defaults_dropped(out, stage)
 
 
 @dataclass
@@ -312,7 +327,7 @@ class Stage:
         if old.get("output", {}).get("sha256") not in (None, fingerprint(self.out, out_v)["sha256"]):
             return f"{self.out} was modified after its manifest was written"
         mine, theirs = self._key(self._as_made(old.get("inputs", {})), self.config), \
-            self._key(old.get("inputs", {}), old.get("config", {}))
+            self._key(old.get("inputs", {}), keys_renamed(old.get("config", {}), self.name))
         if mine == theirs:
             return "up to date"
         changed = sorted(k for k in set(mine["config"]) | set(theirs["config"])
