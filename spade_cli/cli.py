@@ -39,7 +39,7 @@ NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads",
                 # vLLM engine options (spade_cli/backends/engine.py): recorded under the manifest's "engine"
                 "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
                 "enable_prefix_caching", "enforce_eager", "engine_arg",
-                "accept_foreign_server"}  # recorded under the manifest's "server"
+                "foreign_server"}  # recorded under the manifest's "server"
 
 
 def config_keys(command: Any) -> dict[str, str]:
@@ -272,10 +272,11 @@ def _threads_option() -> TyperOption:
 def config_options(config: type) -> Callable[[Callable], Callable]:
     """Build a command's options from its config dataclass (``spade_cli.core.settings``).
 
-    ``fn(cfg, **own)`` takes the filled ``config`` first and then its own parameters (``--config``,
-    ``--force``...). Each declared field becomes ``--field-name`` (a bool ``--x/--no-x``, a list a
-    repeatable option, a ``Literal`` a choice) with the field's default, help and panel: a setting is
-    declared once, and its flag, ``--config`` key and manifest key are its field's name.
+    ``fn`` takes the filled ``config`` as the parameter annotated with it; the settings' options are
+    listed where that parameter stands, among ``fn``'s own (``--config``, ``--force``...). Each
+    declared field becomes ``--field-name`` (a bool on by default ``--x/--no-x``, a list a repeatable
+    option, a ``Literal`` a choice) with the field's default, help and panel: a setting is declared
+    once, and its flag, ``--config`` key and manifest key are its field's name.
     """
     import dataclasses
     import typing
@@ -303,9 +304,9 @@ def config_options(config: type) -> Callable[[Callable], Callable]:
                                         default=inspect.Parameter.empty if required else default))
 
     def wrap(fn: Callable) -> Callable:
-        own_hints = typing.get_type_hints(fn, include_extras=True)
-        own = [p.replace(kind=p.KEYWORD_ONLY, annotation=own_hints[p.name])
-               for p in list(inspect.signature(fn).parameters.values())[1:]]
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(kind=p.KEYWORD_ONLY, annotation=hints[p.name]) for p in inspect.signature(fn).parameters.values()]
+        at = next(i for i, p in enumerate(own) if p.annotation is config)  # the settings go where it stands
 
         @functools.wraps(fn)
         def call(**kw: Any) -> Any:
@@ -315,9 +316,9 @@ def config_options(config: type) -> Callable[[Callable], Callable]:
                     values[f.name] = f.default_factory()
                 elif f.name in paths:
                     values[f.name] = str(values[f.name])
-            return fn(config(**values), **kw)
+            return fn(**kw, **{own[at].name: config(**values)})
 
-        call.__signature__ = inspect.Signature([*params, *own])
+        call.__signature__ = inspect.Signature([*own[:at], *params, *own[at + 1:]])
         call.__annotations__ = {}  # typer reads the signature; fn's own hints name the config class
         return call
 

@@ -163,7 +163,7 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     if not suite.exists():
         raise SpadeError(f"{spec.label}: no such file")
     out = ctx.side_dir("envs", spec).with_suffix(".rollouts.jsonl")
-    play = PlayConfig(max_turns=ctx.max_turns, max_new_tokens=ctx.max_tokens or 512,
+    play = PlayConfig(max_turns=ctx.max_turns, max_tokens=ctx.max_tokens or 512,
                       temperature=ctx.temperature, top_p=ctx.top_p, top_k=ctx.top_k, seed=ctx.seed,
                       think_tokens=ctx.think_tokens, answer_tokens=ctx.answer_tokens,
                       think_overflow=ctx.think_overflow)

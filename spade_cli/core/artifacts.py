@@ -254,7 +254,16 @@ LATER_INPUT_ROLES = {"warmstart": {"pool"}}
 # setting no longer changes the output and left the comparison.
 KEYS_RENAMED: dict[str, dict[str, str | None]] = {
     "update": {"importance_sampling": "tis", "max_completion_length": "dr_grpo_length"},
+    "rollout": {"max_new_tokens": "max_tokens", "enable_thinking": "thinking"},
+    "design": {"enable_thinking": "thinking"},
+    "warmstart": {"enable_thinking": "thinking", "agent_episodes": "solver_seeds"},
+    "validate": {"max_steps": "max_env_steps"},
+    "regret": {"audit": "seed_audit"},
+    "eval": {"max_steps": "max_messages"},
 }
+# Settings retired at the value that keeps their effect: an older manifest that recorded that value
+# is read without them (design's --no-memory: the ablation is now to leave --memory out).
+RETIRED_AT = {"design": {"no_memory": False}}
 
 
 def later_defaults_dropped(config: dict[str, Any], stage: str) -> dict[str, Any]:
@@ -264,8 +273,9 @@ def later_defaults_dropped(config: dict[str, Any], stage: str) -> dict[str, Any]
 
 def keys_renamed(config: dict[str, Any], stage: str) -> dict[str, Any]:
     """An older manifest's config under today's names (``KEYS_RENAMED``)."""
-    renamed = KEYS_RENAMED.get(stage, {})
-    out = {renamed.get(k, k): v for k, v in config.items() if renamed.get(k, k) is not None}
+    renamed, retired = KEYS_RENAMED.get(stage, {}), RETIRED_AT.get(stage, {})
+    out = {renamed.get(k, k): v for k, v in config.items()
+           if renamed.get(k, k) is not None and not (k in retired and v == retired[k])}
     return later_defaults_dropped(out, stage)
 
 
