@@ -19,6 +19,9 @@ from spade_cli.cli import (
     resolved_config,
 )
 
+# A panel of its own: the Agent's options beside the Designer's would squeeze the help column.
+AGENT = "The Agent's solver episodes"
+
 
 def warmstart(
     ctx: typer.Context,
@@ -41,20 +44,20 @@ def warmstart(
                                           help="Include the worked example in the prompts.")] = False,
     thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="Designer prompts as design "
                                            "--thinking renders them (on, as there).")] = True,
-    solver_seeds: Annotated[int, typer.Option("--solver-seeds", min=0,
+    solver_seeds: Annotated[int, typer.Option("--solver-seeds", min=0, rich_help_panel=AGENT,
                                                 help="Also warm-start the Agent: seeds per env with a scripted solver.")]
     = 0,
-    agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0,
+    agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0, rich_help_panel=AGENT,
                                                help="Share of the solver's actions that are random "
                                                     "(0: imitating noise mostly taught noise).")] = 0.0,
-    agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1,
+    agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1, rich_help_panel=AGENT,
                                                  help="Turn cap of the solver episodes (rollout's --max-turns).")]
     = 16,
-    agent_thinking: Annotated[bool, typer.Option("--agent-thinking/--no-agent-thinking",
+    agent_think: Annotated[bool, typer.Option("--agent-think/--no-agent-think", rich_help_panel=AGENT,
                                                  help="Agent prompts as rollout --thinking renders them.")] = True,
     contract: Annotated[Contract, typer.Option("--contract", help="The Designer prompts' system message "
                                           "(as `spade design --contract`).")] = "full",
-    agent_pool: Annotated[str | None, typer.Option("--agent-pool", help="Where the solver episodes' envs "
+    agent_pool: Annotated[str | None, typer.Option("--agent-pool", rich_help_panel=AGENT, help="Where the solver episodes' envs "
                                                    "come from (default: --pool).")] = None,
     memory_k: Annotated[int, typer.Option("--memory-k", min=0, help="Past environments the practice "
                                           "memory lists (as `spade design --memory-k`).")] = 12,
@@ -86,7 +89,7 @@ def warmstart(
                             grounding=grounding, excerpt_chars=excerpt_chars, example=example,
                             enable_thinking=thinking, agent_episodes=solver_seeds,
                             agent_noise=agent_noise, agent_max_turns=agent_max_turns,
-                            agent_thinking=agent_thinking, contract=contract, agent_pool=agent_pool, memory_k=memory_k,
+                            agent_thinking=agent_think, contract=contract, agent_pool=agent_pool, memory_k=memory_k,
                             config=resolved_config(ctx), force=force)
     if summary.get("status") == "ok":
         console.print(f"[green]wrote[/] {out}: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "

@@ -256,7 +256,7 @@ KEYS_RENAMED: dict[str, dict[str, str | None]] = {
     "update": {"importance_sampling": "tis", "max_completion_length": "dr_grpo_length"},
     "rollout": {"max_new_tokens": "max_tokens", "enable_thinking": "thinking"},
     "design": {"enable_thinking": "thinking"},
-    "warmstart": {"enable_thinking": "thinking", "agent_episodes": "solver_seeds"},
+    "warmstart": {"enable_thinking": "thinking", "agent_episodes": "solver_seeds", "agent_thinking": "agent_think"},
     "validate": {"max_steps": "max_env_steps"},
     "regret": {"audit": "seed_audit"},
     "eval": {"max_steps": "max_messages"},
