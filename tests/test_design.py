@@ -87,7 +87,7 @@ def test_acceptance_24_designs_6_groups_one_call(tiny_model, tmp_path):
 
 @pytest.mark.integration
 def test_ablations_reach_the_prompt(tiny_model, tmp_path):
-    out, memory = tmp_path / "d.jsonl", write_memory(tmp_path / "memory.jsonl")
+    out = tmp_path / "d.jsonl"
     res = run_spade("design", "--n", "2", "--group", "2", "--model", tiny_model, "--no-grounding",
                     "--max-tokens", "4", "--out", out)  # the memory ablation: no --memory
     assert res.returncode == 0, res.stderr

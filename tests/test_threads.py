@@ -20,7 +20,7 @@ def test_auto_rule_leaves_the_sandbox_workers_their_cores():
     assert threads.auto_threads(2, 8) == 1  # never below one
     env: dict[str, str] = {}
     # rollout's env steps run beside in-process generation only with continuous batching on hf
-    hf_continuous = {"env_threads": 3, "batching": "continuous", "backend": "hf"}
+    hf_continuous = {"workers": 3, "batching": "continuous", "backend": "hf"}
     assert threads.resolve(None, "rollout", hf_continuous, env, cores=8) == (5, "auto")
     assert threads.resolve(None, "rollout", {**hf_continuous, "batching": "auto"}, env, cores=8) == (8, "auto")
     assert threads.resolve(None, "rollout", {**hf_continuous, "batching": "lockstep"}, env, cores=2) == (2, "auto")
@@ -35,7 +35,7 @@ def test_auto_rule_leaves_the_sandbox_workers_their_cores():
 
 @pytest.mark.unit
 def test_an_explicit_count_wins_and_an_exported_omp_count_beats_auto():
-    assert threads.resolve(3, "rollout", {"env_threads": 8}, {"OMP_NUM_THREADS": "1"}, cores=2) == (3, "option")
+    assert threads.resolve(3, "rollout", {"workers": 8}, {"OMP_NUM_THREADS": "1"}, cores=2) == (3, "option")
     assert threads.resolve(None, "update", {}, {"OMP_NUM_THREADS": "1"}, cores=8) == (1, "OMP_NUM_THREADS")
     assert threads.resolve(None, "update", {}, {"OMP_NUM_THREADS": "junk"}, cores=8) == (8, "auto")
     assert threads.parse("auto") is None and threads.parse(None) is None and threads.parse(" 4 ") == 4

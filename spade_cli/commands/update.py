@@ -7,7 +7,7 @@ import os
 import typer
 
 from spade_cli.cli import PANEL_LOOP, ConfigOpt, ForceOpt, command, config_options, console, finish
-from stages.update_config import UpdateConfig
+from stages.update import UpdateConfig  # its settings, declared once (stages/update_config.py)
 
 
 # Every setting and its help are declared once, in UpdateConfig: the options come from there.
