@@ -235,7 +235,7 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
         "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples,
         "user_base_url": user_base_url, "user_model": user_model, "user_temperature": user_temperature,
-        "user_max_tokens": user_max_tokens, "max_steps": max_steps, "data_dir": data_dir, "top_p": top_p,
+        "user_max_tokens": user_max_tokens, "max_messages": max_steps, "data_dir": data_dir, "top_p": top_p,
         "top_k": top_k, "think_tokens": think_tokens, "answer_tokens": answer_tokens,
         "think_overflow": think_overflow}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)

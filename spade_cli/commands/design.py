@@ -164,7 +164,7 @@ def design(
         summary = stage.run(out, model=model, n=n, group=group, corpus=corpus, grounding=grounding,
                             memory=memory, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
                             temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                            excerpt_chars=excerpt_chars, enable_thinking=thinking, pool=pool,
+                            excerpt_chars=excerpt_chars, thinking=thinking, pool=pool,
                             chunk=chunk, memory_k=memory_k, example=example, signal=signal, top_k=top_k,
                             think_tokens=think_tokens, answer_tokens=answer_tokens,
                             think_overflow=think_overflow, contract=contract, config=cfg, force=force,
