@@ -96,7 +96,7 @@ def run_pass(model_dir: Path, samples: list, batch: int, packing: str, seed: int
     for s, a in zip(samples, adv.tolist(), strict=True):
         s.advantage = a
     cfg = update.UpdateConfig(model=str(model_dir), loss_type="dapo", learning_rate=1e-6, packing=packing,
-                              per_device_train_batch_size=batch, max_grad_norm=1.0, audit=False, seed=seed)
+                              per_device_train_batch_size=batch, max_grad_norm=1.0, weight_audit=False, seed=seed)
     tr = update_train.prepare(cfg, {1.0}, None, str(model_dir))
     cpu = time.process_time()
     out = update_train.train_pass(tr, cfg, samples, lambda _m: None)

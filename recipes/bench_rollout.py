@@ -85,7 +85,7 @@ class InProcessPool:
 def play(backend, pool, envs, args, env_error):
     from spade_cli.rollout.episodes import Engine, PlayConfig, episode_specs
 
-    cfg = PlayConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_concurrent=4096,
+    cfg = PlayConfig(max_turns=args.max_turns, max_tokens=args.max_tokens, max_concurrent=4096,
                      max_episode_tokens=100_000, seed=0)
     rows: list = []
     calls0 = backend.calls
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", metavar="N", type=int, default=16,
+    ap.add_argument("--max-tokens", dest="max_tokens", metavar="N", type=int, default=16,
                     help="token cap of one reply, as in spade rollout")
     ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
     ap.add_argument("--model-load-s", type=float, default=1.0,

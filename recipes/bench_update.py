@@ -76,7 +76,7 @@ def bench_spade(model_dir: Path, samples: list, batch: int, state_dir: Path) -> 
     for s, a in zip(samples, adv.tolist(), strict=True):
         s.advantage = a
     cfg = update.UpdateConfig(model=str(model_dir), loss_type="dapo", learning_rate=1e-6,
-                              per_device_train_batch_size=batch, max_grad_norm=1.0, audit=False)
+                              per_device_train_batch_size=batch, max_grad_norm=1.0, weight_audit=False)
     state = {"path": str(state_dir)} if (state_dir / "model.safetensors").exists() else None
     tr = update_train.prepare(cfg, {1.0}, state, str(model_dir))
     out = update_train.train_pass(tr, cfg, samples, lambda _m: None)

@@ -215,8 +215,8 @@ def resume(work: Path, first: str, chained: str) -> dict:
     non-deterministic kernels (attention's backward) leave a small relative difference."""
     from safetensors.torch import load_file
 
-    from stages import update as stage
     from spade_cli.training import trainer as update_train
+    from stages import update as stage
 
     cfg = stage.UpdateConfig(**json.loads((work / first / "update.json").read_text())["config"])
     samples, _ = stage.collect_samples(cfg)

@@ -39,7 +39,7 @@ BACKEND="${BACKEND:-hf}"            # hf | vllm | openai
 BASE_URL="${BASE_URL:-}"            # for BACKEND=openai (a `vllm serve` fleet behind a router)
 CORPUS="${CORPUS:-}"                # empty: the bundled sample corpus
 GROUNDING="${GROUNDING:-1}"         # 0: --no-grounding (ablation)
-MEMORY="${MEMORY:-1}"               # 0: --no-memory (ablation)
+MEMORY="${MEMORY:-1}"               # 0: design without --memory (ablation)
 SIGNAL="${SIGNAL:-regret}"          # regret | ema_lp | learnability
 REPLAY="${REPLAY:-0}"               # K past envs replayed per iteration (0: off, as in the paper)
 EXTRA_ENVS="${EXTRA_ENVS:-}"        # validated files played every iteration beside the designs (empty: off, as in the paper)

@@ -34,53 +34,26 @@ PANEL_HELPERS = "Helpers"
 # The commands that load torch (a model, a trainer or the diversity embedding): the ones whose
 # help lists --threads.
 TORCH_COMMANDS = {"design", "rollout", "regret", "update", "eval", "warmstart", "init-model"}
-# Option names retired for one name per concept across commands: {command: {old: new}}. The old
-# names parse for one release with a deprecation note; help shows only the new ones. The option's
-# parameter keeps its name, so manifests compare with those of earlier runs; `--config` keys are the
-# new names (the old ones parse for one release too: ``config_keys``).
-RENAMED: dict[str, dict[str, str]] = {
-    "regret": {"--audit": "--seed-audit", "--no-audit": "--no-seed-audit"},
-    "warmstart": {"--agent-episodes": "--solver-seeds"},  # update's --agent-episodes: which episodes
-    "eval": {"--max-steps": "--max-messages"},  # --max-steps: optimizer steps (update)
-    "update": {"--designs": "--envs",  # the validated file, as in rollout and regret
-               # only dr_grpo's divisor here: stored episodes are trained, nothing is generated
-               "--max-completion-length": "--dr-grpo-length",
-               "--audit": "--weight-audit", "--no-audit": "--no-weight-audit"},  # regret's is the seed audit
-    "rollout": {"--max-new-tokens": "--max-tokens"},  # the cap of one reply, as in design and eval
-    "validate": {"--max-steps": "--max-env-steps"},  # update's --max-steps: optimizer steps (TRL's name)
-}
 # Options that change how a stage runs, not what it produces: left out of the manifest comparison.
 NON_SEMANTIC = {"config", "force", "workers", "quiet", "log_every", "threads",
                 # vLLM engine options (spade_cli/backends/engine.py): recorded under the manifest's "engine"
                 "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
                 "enable_prefix_caching", "enforce_eager", "engine_arg",
-                "accept_foreign_server"}  # recorded under the manifest's "server"
+                "foreign_server"}  # recorded under the manifest's "server"
 
 
-def config_keys(command: Any) -> tuple[dict[str, str], dict[str, str]]:
-    """The keys a ``--config`` file may give for ``command``: ``({key: parameter}, {old key: new key})``.
-
-    A key is an option's name without its leading dashes (``envs``, ``max-tokens``; ``max_tokens`` too).
-    The old keys are the retired flags of ``RENAMED`` and the parameter names that differ from the
-    option's (``designs`` for ``--envs``): they worked before and parse for one release, with a note.
-    """
+def config_keys(command: Any) -> dict[str, str]:
+    """The keys a ``--config`` file may give for ``command``, ``{key: parameter}``: an option's name
+    without its leading dashes (``max-tokens``), or with underscores (``max_tokens``), which is the
+    parameter's own name: a setting is named alike as a flag, a key and in the manifest."""
     keys: dict[str, str] = {}
-    old: dict[str, str] = {}
-    public: dict[str, str] = {}  # parameter -> its key
     for p in command.params:
         if p.name == "config":
             continue
         names = [o[2:] for o in p.opts if o.startswith("--")] if p.param_type_name == "option" else [p.name]
         for name in names or [p.name]:
             keys[name] = keys[name.replace("-", "_")] = p.name
-        public[p.name] = (names or [p.name])[0]
-    retired = [(o[2:], n[2:]) for o, n in RENAMED.get(command.name or "", {}).items()]
-    retired += [(name, key) for name, key in public.items() if name.replace("_", "-") != key.replace("_", "-")]
-    for o, n in retired:
-        if n in keys and o not in keys and o.replace("-", "_") not in keys:
-            for k in (o, o.replace("-", "_"), o.replace("_", "-")):
-                keys[k], old[k] = keys[n], n
-    return keys, old
+    return keys
 
 
 def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | None:
@@ -104,7 +77,7 @@ def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | N
         raise typer.BadParameter(f"{where}: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value} must hold a flat mapping of option names to values")
-    keys, old = config_keys(ctx.command)
+    keys = config_keys(ctx.command)
     multiple = {p.name: getattr(p, "multiple", False) for p in ctx.command.params}
     mapped: dict[str, Any] = {}
     given: dict[str, str] = {}  # parameter -> the key that set it
@@ -123,9 +96,6 @@ def _load_config(ctx: typer.Context, param: Any, value: Path | None) -> Path | N
         if multiple.get(name) and not isinstance(val, list):
             val = [val]
         mapped[name] = val
-    for key in filter(old.__contains__, given.values()):
-        console.print(f"[yellow]note:[/] `{key}:` in {value} (`spade {ctx.info_name} --config`) is "
-                      f"deprecated; use {old[key]}:", soft_wrap=True)
     ctx.default_map = {**(ctx.default_map or {}), **mapped}
     return value
 
@@ -229,22 +199,6 @@ class SpadeCommand(TyperCommand):
             paras = inspect.cleandoc(self.help).split("\n\n")
             self.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paras)
 
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        """Old option names (``RENAMED``) still parse, as the new ones, with a note on stderr."""
-        renamed = RENAMED.get(self.name or "", {})
-        out = []
-        for i, arg in enumerate(args):
-            if arg == "--":
-                out += args[i:]
-                break
-            name, eq, value = arg.partition("=")
-            if name in renamed:
-                console.print(f"[yellow]note:[/] `spade {self.name} {name}` is deprecated; use {renamed[name]}")
-                arg = renamed[name] + eq + value
-            out.append(arg)
-        return super().parse_args(ctx, out)
-
     def invoke(self, ctx: typer.Context) -> Any:
         from spade_cli.core import threads
 
@@ -313,6 +267,62 @@ def _threads_option() -> TyperOption:
     info = typer.Option("auto", "--threads", envvar="SPADE_THREADS", metavar="N|auto", callback=_check_threads,
                         help="torch/OpenMP threads; auto: free cores minus sandbox workers.")
     return _get_param(ParamMeta(name="threads", default=info, annotation=Annotated[str, info]))
+
+
+def config_options(config: type) -> Callable[[Callable], Callable]:
+    """Build a command's options from its config dataclass (``spade_cli.core.settings``).
+
+    ``fn`` takes the filled ``config`` as the parameter annotated with it; the settings' options are
+    listed where that parameter stands, among ``fn``'s own (``--config``, ``--force``...). Each
+    declared field becomes ``--field-name`` (a bool on by default ``--x/--no-x``, a list a repeatable
+    option, a ``Literal`` a choice) with the field's default, help and panel: a setting is declared
+    once, and its flag, ``--config`` key and manifest key are its field's name.
+    """
+    import dataclasses
+    import typing
+
+    from spade_cli.core.settings import declared, default_of
+
+    hints = typing.get_type_hints(config, include_extras=True)
+    fields = declared(config)
+    params, paths = [], set()
+    for f in fields:
+        meta, typ = f.metadata, hints[f.name]
+        option = dict(meta["option"])
+        default = default_of(f)
+        if typing.get_origin(typ) is list:
+            typ, default = typ | None, None  # typer's "none given" for a repeatable option
+        elif {"file_okay", "dir_okay", "exists"} & set(option):
+            typ, _ = Path, paths.add(f.name)
+        flag = f"--{f.name.replace('_', '-')}"
+        if typ is bool and default:
+            flag += f"/--no-{flag[2:]}"  # a switch that is on by default: --x/--no-x (off by default: --x)
+        info = typer.Option(flag, help=meta["help"], rich_help_panel=meta["panel"],
+                            **option)
+        required = meta["required"] or f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[typ, info],
+                                        default=inspect.Parameter.empty if required else default))
+
+    def wrap(fn: Callable) -> Callable:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(kind=p.KEYWORD_ONLY, annotation=hints[p.name]) for p in inspect.signature(fn).parameters.values()]
+        at = next(i for i, p in enumerate(own) if p.annotation is config)  # the settings go where it stands
+
+        @functools.wraps(fn)
+        def call(**kw: Any) -> Any:
+            values = {f.name: kw.pop(f.name) for f in fields}
+            for f in fields:
+                if values[f.name] is None and f.default_factory is not dataclasses.MISSING:
+                    values[f.name] = f.default_factory()
+                elif f.name in paths:
+                    values[f.name] = str(values[f.name])
+            return fn(**kw, **{own[at].name: config(**values)})
+
+        call.__signature__ = inspect.Signature([*own[:at], *params, *own[at + 1:]])
+        call.__annotations__ = {}  # typer reads the signature; fn's own hints name the config class
+        return call
+
+    return wrap
 
 
 def resolved_config(ctx: typer.Context) -> dict[str, Any]:

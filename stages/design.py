@@ -122,7 +122,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         corpus: str | None = None, grounding: bool = True, memory: str | Path | None = None,
         iteration: int = 0, seed: int = 0, backend: Any = "hf", base_url: str | None = None,
         temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 4096, excerpt_chars: int = 1500,
-        enable_thinking: bool = False, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
+        thinking: bool = True, pool: str | None = None, chunk: int = 0, memory_k: int = 12,
         example: bool = True, signal: str = "regret", top_k: int = 0, think_tokens: int | None = None,
         answer_tokens: int | None = None, think_overflow: str = "close", contract: str = "full",
         config: dict | None = None, force: bool = False, engine: Any = None,
@@ -210,7 +210,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
         chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)] if chunk > 0 else [todo]
         with stage.writer() as w:
             for part in (c for c in chunks if c):
-                ids = [render_chat(be.tokenizer, p["messages"], enable_thinking=enable_thinking) for p in part]
+                ids = [render_chat(be.tokenizer, p["messages"], enable_thinking=thinking) for p in part]
                 # One seed per group (prompt), so a group's designs do not depend on which other
                 # groups share the call: a resumed run writes what the uninterrupted one would have.
                 seeds = [_sub_seed(seed, iteration, p["group_id"]) for p in part]
@@ -222,7 +222,7 @@ def run(out: str | Path, *, model: str | None = None, n: int = 24, group: int = 
                 calls += 1
                 gen = {"model": str(model) if model else getattr(be, "model", None),
                        **sampling_record(sampling, be), "max_tokens": max_tokens,
-                       "enable_thinking": enable_thinking}
+                       "enable_thinking": thinking}
                 if think is not None:
                     gen["think_budget"] = {"think": think.think_tokens, "answer": think.answer_tokens,
                                            "overflow": think.overflow}

@@ -164,7 +164,7 @@ def run_envs(spec: TaskSpec, ctx: EvalContext) -> list[Eval]:
     if not suite.exists():
         raise SpadeError(f"{spec.label}: no such file")
     out = ctx.side_dir("envs", spec).with_suffix(".rollouts.jsonl")
-    play = PlayConfig(max_turns=ctx.max_turns, max_new_tokens=ctx.max_tokens or 512,
+    play = PlayConfig(max_turns=ctx.max_turns, max_tokens=ctx.max_tokens or 512,
                       temperature=ctx.temperature, top_p=ctx.top_p, top_k=ctx.top_k, seed=ctx.seed,
                       think_tokens=ctx.think_tokens, answer_tokens=ctx.answer_tokens,
                       think_overflow=ctx.think_overflow)
@@ -236,7 +236,7 @@ def run(model: str, tasks: list[TaskSpec], out: str | Path, *, backend: str = "h
         "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
         "chat_template": chat_template, "k": k, "max_turns": max_turns, "samples": samples,
         "user_base_url": user_base_url, "user_model": user_model, "user_temperature": user_temperature,
-        "user_max_tokens": user_max_tokens, "max_steps": max_steps, "data_dir": data_dir, "top_p": top_p,
+        "user_max_tokens": user_max_tokens, "max_messages": max_steps, "data_dir": data_dir, "top_p": top_p,
         "top_k": top_k, "think_tokens": think_tokens, "answer_tokens": answer_tokens,
         "think_overflow": think_overflow}
     stage = Stage.begin("eval", out, cfg, inputs, force=force)

@@ -244,7 +244,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "replay_temperature": replay_temperature,
               "replay_staleness": replay_staleness, "embedding": embedding,
               "embedding_used": diversity.resolve_embedding(embedding),
-              "memory_out": str(mem_out) if mem_out else None, "audit": audit, "audit_seeds": audit_seeds,
+              "memory_out": str(mem_out) if mem_out else None, "seed_audit": audit, "audit_seeds": audit_seeds,
               "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward,
               "max_error_rate": max_error_rate, **({"shuffle_rewards": True} if shuffle_rewards else {})}
     # the rollouts were hashed during the scan: their fingerprints are passed, not taken again

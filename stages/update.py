@@ -60,7 +60,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spade_cli.core import checkpoint, preempt
+from spade_cli.core import checkpoint, preempt, settings
 from spade_cli.core.artifacts import (
     SpadeError,
     Stage,
@@ -104,38 +104,32 @@ def _pass_through(cfg: UpdateConfig, stage: Stage, counts: dict, log: Callable[[
 
 def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """Update the model on the stored samples and write ``cfg.out``; returns the summary."""
-
-    from spade_cli.training import grpo
-
     if log is None or os.environ.get("RANK", "0") != "0":  # one log, not one per process
         log = lambda _msg: None  # noqa: E731
-    if not cfg.rollouts and not cfg.designs:
+    if not cfg.rollouts and not cfg.envs:
         raise SpadeError("nothing to train on: give --rollouts and/or --envs")
-    if cfg.designs and not cfg.scores:
+    if cfg.envs and not cfg.scores:
         raise SpadeError("--envs needs --scores (the Designer's reward comes from them)")
-    for name, value, allowed in (("loss_type", cfg.loss_type, grpo.LOSS_TYPES),
-                                 ("scale_rewards", cfg.scale_rewards, grpo.SCALES),
-                                 ("agent_episodes", cfg.agent_episodes, ("unhinted", "hinted", "both")),
-                                 ("agent_credit", cfg.agent_credit, ("episode", "turn")),
-                                 ("tis_mode", cfg.tis_mode, grpo.TIS_MODES),
-                                 ("kl_reference", cfg.kl_reference, ("base", "previous"))):
-        if value not in allowed:
-            raise SpadeError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    bad = settings.outside_choices(cfg)  # the Literal choices the command line checks, for library callers
+    if bad:
+        raise SpadeError(bad)
     for name, value in asdict(cfg).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpadeError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
     role_balance.stated_shares(cfg)  # refuses a share outside [0, 1]
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         raise SpadeError(f"turn_gamma must lie in [0, 1], got {cfg.turn_gamma!r}")
-    inputs = {k: expand_inputs(getattr(cfg, k)) if getattr(cfg, k) else [] for k in ("designs", "rollouts", "scores")}
+    # the input roles keep the manifest's names ("designs": the --envs files)
+    inputs = {role: expand_inputs(given) if given else []
+              for role, given in (("designs", cfg.envs), ("rollouts", cfg.rollouts), ("scores", cfg.scores))}
     if Path(cfg.model).is_dir():
         inputs["model"] = [Path(cfg.model)]
     # Input paths are identified by content in the manifest; the config compares only the knobs
     # that change the output (pruning and the audit do not). The resumed trainer state is not an
     # input fingerprint: it is write-once, and pruning it later must not make this run stale.
     semantic = later_defaults_dropped({k: v for k, v in asdict(cfg).items()
-                                       if k not in ("designs", "rollouts", "scores", "out", "keep_state_every",
-                                                    "audit", "max_staleness", "packing")}, "update")
+                                       if k not in ("envs", "rollouts", "scores", "out", "keep_state_every",
+                                                    "weight_audit", "max_staleness", "packing")}, "update")
     out = Path(cfg.out)
     stage = Stage.begin("update", out, semantic, inputs, force=force, out_kind="dir")
     if stage.check():
@@ -145,7 +139,7 @@ def run(cfg: UpdateConfig, force: bool = False, log: Callable[[str], None] | Non
     # Which checkpoints drew the samples and how far behind --model they are (the pipelined loop
     # trains on samples one update old): recorded in update.json and the manifest, bounded on request.
     behind = staleness.measure(cfg.model, cfg.rollouts if cfg.designer_share != 1.0 else [],
-                               cfg.designs if cfg.designer_share != 0.0 else [])
+                               cfg.envs if cfg.designer_share != 0.0 else [])
     staleness.check(behind, cfg.max_staleness)
     stage.extra["staleness"] = behind
     if force:

@@ -362,7 +362,7 @@ def run(designs: str | Path | list, out: str | Path, *, memory: str | Path | Non
         config: dict | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
     """Validate every design in ``designs`` into ``out``; returns the summary dict."""
     cfg = dict(config or {"memory": str(memory) if memory else None, "tier": tier, "min_tier": min_tier,
-                          "max_steps": max_steps, "seed": seed, "trivial_return": trivial_return,
+                          "max_env_steps": max_steps, "seed": seed, "trivial_return": trivial_return,
                           "scratch_mb": scratch_mb})
     inputs = {"designs": expand_inputs(designs)}
     if memory:

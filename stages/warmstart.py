@@ -146,8 +146,9 @@ def run(out: str | Path, *, model: str, pool: str = "bundled", epochs: int = 12,
         "model": model, "pool": pool, "epochs": epochs, "learning_rate": learning_rate,
         "batch_size": batch_size, "max_examples": max_examples, "seed": seed, "corpus": corpus,
         "grounding": grounding, "excerpt_chars": excerpt_chars, "example": example,
-        "enable_thinking": enable_thinking, "agent_episodes": agent_episodes, "agent_noise": agent_noise,
-        "agent_max_turns": agent_max_turns, "agent_thinking": agent_thinking, "contract": contract,
+        # keyed by the command's option names, as the manifest of `spade warmstart` records them
+        "thinking": enable_thinking, "solver_seeds": agent_episodes, "agent_noise": agent_noise,
+        "agent_max_turns": agent_max_turns, "agent_think": agent_thinking, "contract": contract,
         "agent_pool": agent_pool, "memory_k": memory_k}, "warmstart")
     from spade_cli.envs import pool as pool_mod
 

@@ -92,7 +92,7 @@ def test_update_and_design_refuse_a_truncated_checkpoint(copy: Path, tmp_path: P
         assert res.returncode == 1, res.stderr
         assert f"error: {weights}: truncated safetensors file" in res.stderr and "Traceback" not in res.stderr
         assert not out.exists() and not list(tmp_path.glob(".ck*")) and res.stdout == ""
-    res = run_spade("design", "--n", "2", "--group", "2", "--model", copy, "--no-grounding", "--no-memory",
+    res = run_spade("design", "--n", "2", "--group", "2", "--model", copy, "--no-grounding",
                     "--max-tokens", "4", "--out", tmp_path / "designs.jsonl")
     assert res.returncode == 1 and f"{weights}: truncated safetensors file" in res.stderr, res.stderr
     assert not (tmp_path / "designs.jsonl").exists()

@@ -204,9 +204,9 @@ def test_every_command_takes_threads_and_leaves_it_out_of_the_config(name):
 
 
 @pytest.mark.integration
-def test_a_config_key_by_either_name_reruns_as_the_flag_did(tmp_path):
+def test_a_config_key_reruns_as_the_flag_did(tmp_path):
     """The manifest records parameters, not the words that set them: a run made with a flag is up
-    to date when rerun with the same setting from a config file, under its new key or its old one."""
+    to date when rerun with the same setting from a config file; a retired key is refused."""
     from spade_cli.core.records import Rollout, Validation, to_row
 
     env = to_row(Validation(code="x = 1", hint="h", valid=True))
@@ -217,11 +217,13 @@ def test_a_config_key_by_either_name_reruns_as_the_flag_did(tmp_path):
     base = ["regret", "--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"]
     res = run_spade(*base, "--no-seed-audit", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    for text in ("seed-audit: false\n", "seed_audit: false\n", "audit: false\n"):
+    for text in ("seed-audit: false\n", "seed_audit: false\n"):
         (tmp_path / "c.yaml").write_text(text)
         res = run_spade(*base, "--config", "c.yaml", cwd=tmp_path)
         assert res.returncode == 0 and json.loads(res.stdout)["status"] == "up to date", (text, res.stderr)
-        assert ("deprecated; use seed-audit:" in res.stderr) == text.startswith("audit"), res.stderr
+    (tmp_path / "c.yaml").write_text("audit: false\n")  # the retired key: unknown
+    res = run_spade(*base, "--config", "c.yaml", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown option 'audit'" in res.stderr, res.stderr
     (tmp_path / "c.yaml").write_text("seed-audit: true\n")  # another setting: the comparison sees it
     res = run_spade(*base, "--config", "c.yaml", cwd=tmp_path)
     assert res.returncode == 1 and "pass --force" in res.stderr, res.stderr

@@ -204,8 +204,7 @@ def test_every_option_the_docs_name_exists(page: Path) -> None:
         for opt in re.findall(r"^\| `(--[a-z][a-z0-9-]*)", text, re.M):
             if opt not in known:
                 wrong.append(f"{'/'.join(sorted(cmd_set))} {opt}")
-    retired = {old for names in cli.RENAMED.values() for old in names}  # a page may say what a name was
-    known = set().union(*map(_options, COMMANDS)) | _recipe_options() | EXTERNAL | retired
+    known = set().union(*map(_options, COMMANDS)) | _recipe_options() | EXTERNAL
     wrong += sorted({o for o in re.findall(r"`(--[a-z][a-z0-9-]*)", text) if o not in known})
     assert not wrong, f"{page.name} names options that do not exist: {wrong}"
 
@@ -216,96 +215,64 @@ def test_the_docs_checker_finds_a_wrong_option() -> None:
                                                        ("update", ["--model", "m", "--no-such", "x"])]
 
 
-# -- one name per concept: retired names still parse, with a note --------------------------------
+# -- one name per concept: a setting's parameter, flag and --config key are one name -------------
 
-@pytest.mark.parametrize("command, old, new", [(c, o, n) for c, m in cli.RENAMED.items() for o, n in m.items()])
-def test_a_retired_option_name_parses_as_the_new_one(command: str, old: str, new: str, capsys) -> None:
-    cmd = COMMANDS[command]
-    assert new in _options(command) and old not in _options(command)
-    required = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
-                "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"],
-                "update": ["--model", "m", "--out", "ckpt"],
-                "rollout": ["--model", "m", "--envs", "v.jsonl", "--out", "r.jsonl"],
-                "validate": ["--designs", "d.jsonl", "--out", "v.jsonl"]}[command]
-    param = next(p for p in cmd.params if new in (*p.opts, *p.secondary_opts))
-    value = [] if param.is_flag else ["3"]
-    with cmd.make_context(command, [*required, old, *value]) as ctx:
-        with cmd.make_context(command, [*required, new, *value]) as expected:
-            assert ctx.params[param.name] == expected.params[param.name]
-    assert f"{old}` is deprecated; use {new}" in " ".join(capsys.readouterr().err.split())
+# Option names retired for one name per concept; they are refused like any unknown option.
+RETIRED = {"update": ["--designs", "--max-completion-length", "--audit", "--importance-sampling"],
+           "regret": ["--audit"], "warmstart": ["--agent-episodes"], "eval": ["--max-steps"],
+           "rollout": ["--max-new-tokens", "--env-threads"], "validate": ["--max-steps"]}
+REQUIRED = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
+            "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"],
+            "update": ["--model", "m", "--out", "ckpt"], "serve": ["--run-dir", "runs/r"],
+            "rollout": ["--model", "m", "--envs", "v.jsonl", "--out", "r.jsonl"],
+            "design": ["--pool", "bundled", "--out", "d.jsonl"],
+            "validate": ["--designs", "d.jsonl", "--out", "v.jsonl"]}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_is_named_as_its_parameter(name: str) -> None:
+    """name = flag = --config key = manifest key: no alias between what a user types and what is recorded."""
+    for p in COMMANDS[name].params:
+        if p.param_type_name == "option" and p.name not in ("help", "as_json"):  # --json: the module's name
+            assert p.opts[0] == f"--{p.name.replace('_', '-')}", (name, p.name, p.opts)
+
+
+@pytest.mark.parametrize("command, old", [(c, o) for c, names in RETIRED.items() for o in names])
+def test_a_retired_option_name_is_a_usage_error(command: str, old: str) -> None:
+    res = CliRunner().invoke(app, [command, *REQUIRED[command], old, "3"])
+    assert res.exit_code == 2 and "No such option" in _flat(res.output), res.output
 
 
 def _with_option(opt: str) -> list[str]:
     return sorted(c for c in COMMANDS if opt in _options(c))
 
 
-def test_one_name_per_concept_and_the_old_names_still_parse() -> None:
+def test_one_name_per_concept() -> None:
     assert "--envs" in _options("update") and "--designs" not in _options("update")  # as rollout, regret
     assert {"design", "eval", "rollout"} <= set(_with_option("--max-tokens"))  # the cap of one reply
     assert _with_option("--max-new-tokens") == _with_option("--max-completion-length") == []
     assert _with_option("--max-steps") == ["update"]  # optimizer steps, TRL's name
     assert _with_option("--audit") == []  # regret's --seed-audit, update's --weight-audit
-    retired = {("update", "--designs"), ("update", "--max-completion-length"), ("update", "--audit"),
-               ("update", "--no-audit"), ("rollout", "--max-new-tokens"), ("validate", "--max-steps")}
-    assert retired <= {(c, old) for c, names in cli.RENAMED.items() for old in names}
+    assert _with_option("--workers") == ["rollout", "validate"]  # sandbox workers at once; --threads: torch's
+    assert _with_option("--env-threads") == []
+    assert not [o for c in COMMANDS for o in _options(c) if o.startswith("--use-")]  # switches read --x/--no-x
 
 
-# -- --config keys: the options' names; the old keys parse for one release, with a note -------------
+# -- --config keys: the options' names -------------------------------------------------------------
 
-def _renames_via_config() -> list[tuple[str, str, str]]:
-    """(command, old key, new key) for every retired flag (RENAMED) and every parameter named otherwise
-    than its option (update's `designs` for --envs): the keys a config file could give before."""
-    out = []
-    for name, cmd in COMMANDS.items():
-        if not any(p.name == "config" for p in cmd.params):
-            continue
-        _, old = cli.config_keys(cmd)
-        out += [(name, o, n) for o, n in old.items() if "_" not in o or o.replace("_", "-") not in old]
-    return sorted(out)
-
-
-def test_every_retired_flag_is_a_retired_config_key() -> None:
-    renames = {(c, o, n) for c, o, n in _renames_via_config()}
-    for command, names in cli.RENAMED.items():
-        for old, new in names.items():
-            primary = any(new in p.opts for p in COMMANDS[command].params)
-            assert not primary or (command, old[2:], new[2:]) in renames, (command, old)
-    for command in (c for c in COMMANDS if any(p.name == "config" for p in COMMANDS[c].params)):
-        for p in COMMANDS[command].params:  # a parameter named otherwise than its option: its old key
-            if p.opts[0].startswith("--") and f"--{p.name.replace('_', '-')}" not in p.opts:
-                assert (command, p.name.replace("_", "-"), p.opts[0][2:]) in renames, (command, p.name)
-    assert ("update", "designs", "envs") in renames and ("rollout", "max-new-tokens", "max-tokens") in renames
-
-
-@pytest.mark.parametrize("command, old, new", _renames_via_config())
-def test_a_config_file_speaks_the_option_names(command: str, old: str, new: str, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("command", sorted(REQUIRED))
+def test_a_config_file_speaks_the_option_names(command: str, tmp_path: Path) -> None:
     cmd = COMMANDS[command]
-    keys, _ = cli.config_keys(cmd)
-    param = next(p for p in cmd.params if p.name == keys[new])
-    value = (not param.default) if param.is_flag else ["x.jsonl"] if param.multiple else 3
-    required = {"regret": ["--envs", "v.jsonl", "--rollouts", "r.jsonl", "--out", "s.jsonl"],
-                "warmstart": ["--model", "m", "--out", "o"], "eval": ["--model", "m", "--out", "e.jsonl"],
-                "update": ["--model", "m", "--out", "ckpt"], "serve": ["--run-dir", "runs/r"],
-                "rollout": ["--model", "m", "--envs", "v.jsonl", "--out", "r.jsonl"],
-                "design": ["--pool", "bundled", "--out", "d.jsonl"],
-                "validate": ["--designs", "d.jsonl", "--out", "v.jsonl"]}.get(command, [])
-
-    def params(key: str, *, dashes: bool = False) -> dict:
-        cfg = tmp_path / f"{key}.yaml"
-        cfg.write_text(json.dumps({key.replace("_", "-") if dashes else key: value}))
-        with cmd.make_context(command, [*required, "--config", str(cfg)]) as ctx:
-            return ctx.params
-
-    capsys.readouterr()
-    assert params(new)[param.name] == params(new.replace("-", "_"))[param.name] == value != param.default
-    assert "deprecated" not in capsys.readouterr().err
-    assert params(old)[param.name] == value
-    note = " ".join(capsys.readouterr().err.split())
-    assert f"`{old}:` in {tmp_path / (old + '.yaml')} (`spade {command} --config`) is deprecated; use {new}:" in note
-    both = tmp_path / "both.yaml"
-    both.write_text(json.dumps({new: value, old: value}))
-    with pytest.raises(typer.BadParameter, match=f"'{new}' and '{old}' name the same setting"):
-        cmd.make_context(command, [*required, "--config", str(both)])
+    keys = cli.config_keys(cmd)
+    for p in cmd.params:
+        if p.param_type_name != "option" or p.name in ("config", "help") or p.opts[0][2:] in {*REQUIRED[command]}:
+            continue
+        assert keys[p.opts[0][2:]] == keys[p.name] == p.name
+    for old in RETIRED.get(command, []):
+        cfg = tmp_path / f"{command}.yaml"
+        cfg.write_text(json.dumps({old[2:]: 3}))
+        with pytest.raises(typer.BadParameter, match=f"unknown option '{old[2:]}'"):
+            cmd.make_context(command, [*REQUIRED[command], "--config", str(cfg)])
 
 
 def test_one_setting_twice_in_a_config_file_is_a_usage_error(tmp_path: Path) -> None:

@@ -87,9 +87,9 @@ def test_acceptance_24_designs_6_groups_one_call(tiny_model, tmp_path):
 
 @pytest.mark.integration
 def test_ablations_reach_the_prompt(tiny_model, tmp_path):
-    out, memory = tmp_path / "d.jsonl", write_memory(tmp_path / "memory.jsonl")
+    out = tmp_path / "d.jsonl"
     res = run_spade("design", "--n", "2", "--group", "2", "--model", tiny_model, "--no-grounding",
-                    "--memory", memory, "--no-memory", "--max-tokens", "4", "--out", out)
+                    "--max-tokens", "4", "--out", out)  # the memory ablation: no --memory
     assert res.returncode == 0, res.stderr
     for r in rows_of(out):
         assert r["doc"] is None

@@ -45,7 +45,7 @@ def test_before_rollouts_give_new_envs_learning_progress(tmp_path: Path) -> None
     v = _write(tmp_path / "validated.jsonl", envs)
     r = _write(tmp_path / "rollouts.jsonl", [_episode(e, h, p, now[e]) for e in ids for h in (False, True) for p in range(4)])
     b = _write(tmp_path / "lp_before.jsonl", [_episode(e, h, p, before[e]) for e in ids for h in (False, True) for p in range(4)])
-    base = ("regret", "--envs", v, "--rollouts", r, "--signal", "ema_lp", "--embedding", "tfidf", "--no-audit")
+    base = ("regret", "--envs", v, "--rollouts", r, "--signal", "ema_lp", "--embedding", "tfidf", "--no-seed-audit")
     res = run_spade(*base, "--out", tmp_path / "flat.jsonl")
     assert res.returncode == 0, res.stderr
     assert set(_rewards(tmp_path / "flat.jsonl").values()) == {0.0}  # one observation: no progress, every design alike
@@ -60,7 +60,7 @@ def test_before_rollouts_give_new_envs_learning_progress(tmp_path: Path) -> None
     assert manifest["inputs"]["before_rollouts"][0]["path"].endswith("lp_before.jsonl")
     # the before rollouts feed ema_lp only
     res = run_spade("regret", "--envs", v, "--rollouts", r, "--before-rollouts", b, "--out", tmp_path / "x.jsonl",
-                    "--embedding", "tfidf", "--no-audit")
+                    "--embedding", "tfidf", "--no-seed-audit")
     assert res.returncode != 0 and "--signal ema_lp" in res.stderr
 
 
@@ -73,7 +73,7 @@ def test_an_env_with_its_own_history_keeps_it(tmp_path: Path) -> None:
     r = _write(tmp_path / "rollouts.jsonl", [_episode(eid, h, p, 1.0) for h in (False, True) for p in range(2)])
     b = _write(tmp_path / "before.jsonl", [_episode(eid, h, p, 0.0) for h in (False, True) for p in range(2)])
     res = run_spade("regret", "--envs", v, "--rollouts", r, "--before-rollouts", b, "--memory", memory,
-                    "--signal", "ema_lp", "--out", tmp_path / "s.jsonl", "--embedding", "tfidf", "--no-audit")
+                    "--signal", "ema_lp", "--out", tmp_path / "s.jsonl", "--embedding", "tfidf", "--no-seed-audit")
     assert res.returncode == 0, res.stderr
     assert _rewards(tmp_path / "s.jsonl")[eid] == 0.0  # history [1, 1]: the "before" figure does not jump in
 
@@ -110,7 +110,7 @@ def test_a_small_cpu_run_gives_valid_designs_a_spread_of_rewards(tiny_model: Pat
              for f in ("rollouts.jsonl", "lp_before.jsonl")]
     assert seeds[0] == seeds[1]  # the same envs on the same seeds
     base = ("regret", "--envs", v, "--rollouts", tmp_path / "rollouts.jsonl", "--signal", "ema_lp",
-            "--embedding", "tfidf", "--no-audit")
+            "--embedding", "tfidf", "--no-seed-audit")
     assert run_spade(*base, "--out", tmp_path / "flat.jsonl").returncode == 0
     assert set(_rewards(tmp_path / "flat.jsonl").values()) == {0.0}
     res = run_spade(*base, "--before-rollouts", tmp_path / "lp_before.jsonl", "--out", tmp_path / "lp.jsonl")

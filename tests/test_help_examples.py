@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 from typer.main import get_command
 
-from spade_cli import cli
 from spade_cli.app import app
 from tests.conftest import REPO, WIDE
 
@@ -130,12 +129,10 @@ def test_an_example_names_only_options_that_exist(example: str) -> None:
         assert command in COMMANDS, f"{example}: no command {command}"
         params = COMMANDS[command].params
         opts = {o: p for p in params for o in (*p.opts, *p.secondary_opts)}
-        retired = cli.RENAMED.get(command, {})
         for i, arg in enumerate(args):
             name = arg.split("=", 1)[0]
             if not name.startswith("-"):
                 continue
-            assert name not in retired, f"{example}: {name} is retired; use {retired[name]}"
             assert name in opts, f"{example}: `spade {command}` has no option {name}"
             choices = getattr(opts[name].type_descriptor, "choices", None)
             if choices and not opts[name].is_flag:
@@ -147,7 +144,7 @@ def test_an_example_names_only_options_that_exist(example: str) -> None:
 def test_the_option_check_finds_a_wrong_name_and_a_retired_one() -> None:
     with pytest.raises(AssertionError, match="has no option --no-such"):
         test_an_example_names_only_options_that_exist("spade design --pool bundled --no-such 1")
-    with pytest.raises(AssertionError, match="--designs is retired; use --envs"):
+    with pytest.raises(AssertionError, match="has no option --designs"):
         test_an_example_names_only_options_that_exist("spade update --model m --designs v.jsonl --out o")
     with pytest.raises(AssertionError, match="takes one of"):
         test_an_example_names_only_options_that_exist("spade rollout --model m --batching sometimes")

@@ -26,7 +26,7 @@ def _envs(*codes: str) -> dict[str, EnvSource]:
 
 def _play(backend, envs, k=2, batching="lockstep", pool=None, **cfg):
     rows, pool = [], pool or StandInPool()
-    engine = Engine(backend, pool, envs, PlayConfig(**{"max_turns": 3, "max_new_tokens": 16, **cfg}),
+    engine = Engine(backend, pool, envs, PlayConfig(**{"max_turns": 3, "max_tokens": 16, **cfg}),
                     rows.append, env_error=StandInError, batching=batching)
     stats = engine.run(episode_specs(list(envs), k, run_seed=7, iteration=2))
     return rows, stats, pool
@@ -64,7 +64,7 @@ def test_action_strips_think_and_truncates():
 def test_tokens_align_with_the_rendered_chat_and_the_hint_stays_out(hf):
     envs = _envs(GUESS)
     calls = hf.calls
-    rows, stats, pool = _play(hf, envs, k=2, max_turns=3, max_new_tokens=12)
+    rows, stats, pool = _play(hf, envs, k=2, max_turns=3, max_tokens=12)
     tok = hf.tokenizer
     # one generate call per turn for all active episodes
     assert len(rows) == 4 and hf.calls - calls == stats.ticks == max(len(r.turns) for r in rows)
@@ -105,9 +105,9 @@ def test_tokens_align_with_the_rendered_chat_and_the_hint_stays_out(hf):
 @pytest.mark.integration
 def test_context_budget_truncates_and_is_never_exceeded(hf):
     envs = _envs(NEVER)  # unsolvable: only the budget can end these episodes
-    probe, _, _ = _play(hf, envs, k=1, max_turns=1, max_new_tokens=4)
+    probe, _, _ = _play(hf, envs, k=1, max_turns=1, max_tokens=4)
     budget = max(len(r.tokens["prompt_ids"]) for r in probe) + 40
-    rows, _, _ = _play(hf, envs, k=1, max_turns=50, max_new_tokens=16, max_episode_tokens=budget)
+    rows, _, _ = _play(hf, envs, k=1, max_turns=50, max_tokens=16, max_episode_tokens=budget)
     tight, _, _ = _play(hf, envs, k=1, max_episode_tokens=budget - 45)  # the hinted prompt alone is too long
     hinted = next(r for r in tight if r.hinted)
     assert hinted.turns == [] and hinted.tokens["completion_ids"] == [] and hinted.truncated
@@ -214,7 +214,7 @@ def test_a_template_that_rewrites_history_is_spliced_turn_by_turn(tiny_model):
 
 @pytest.mark.integration
 def test_an_append_only_template_keeps_rendered_splicing(hf):
-    rows, _, _ = _play(hf, _envs(GUESS), k=1, max_turns=2, max_new_tokens=8)
+    rows, _, _ = _play(hf, _envs(GUESS), k=1, max_turns=2, max_tokens=8)
     assert {r.extra["splicing"] for r in rows} == {"rendered"}
 
 

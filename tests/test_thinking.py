@@ -48,7 +48,7 @@ def _fake(tiny_model: Path, outputs: list[str], template: str | None = None) -> 
 def _play(backend, k=1, **cfg):
     rows = []
     # One episode at a time: the scripted replies alternate phase 1 / phase 2 in call order.
-    conf = {"max_turns": 2, "max_new_tokens": 64, "max_concurrent": 1, **cfg}
+    conf = {"max_turns": 2, "max_tokens": 64, "max_concurrent": 1, **cfg}
     Engine(backend, StandInPool(), _envs(GUESS), PlayConfig(**conf), rows.append,
            env_error=StandInError).run(episode_specs(list(_envs(GUESS)), k, run_seed=3, iteration=0))
     return rows
@@ -97,9 +97,9 @@ def test_overflow_end_sends_an_empty_action_and_says_so(tiny_model):
 
 @pytest.mark.unit
 def test_one_budget_still_records_an_unclosed_block(tiny_model):
-    rows = _play(_fake(tiny_model, [LONG]), max_new_tokens=6)
+    rows = _play(_fake(tiny_model, [LONG]), max_tokens=6)
     assert all(t["think_overflow"] is True and t["action"] == "" for r in rows for t in r.turns)
-    rows = _play(_fake(tiny_model, ["<think>\nhm\n</think>\n\n5"]), max_new_tokens=64)
+    rows = _play(_fake(tiny_model, ["<think>\nhm\n</think>\n\n5"]), max_tokens=64)
     assert all(t["think_overflow"] is False and t["action"] == "5" for r in rows for t in r.turns)
 
 

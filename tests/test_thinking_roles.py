@@ -59,7 +59,7 @@ def _designer_samples(tmp_path: Path, rows: list) -> list:
                "regret_ci95": 0.0, "designer_reward": float(r.sample == 0), "group_id": r.group_id,
                "sample": r.sample} for r in rows]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scores))
-    cfg = UpdateConfig(model="m", designs=[str(tmp_path / "designs.jsonl")], scores=[str(tmp_path / "s.jsonl")],
+    cfg = UpdateConfig(model="m", envs=[str(tmp_path / "designs.jsonl")], scores=[str(tmp_path / "s.jsonl")],
                        temperature=1.0)
     samples, _ = collect_samples(cfg)
     return sorted(samples, key=lambda s: s.reward, reverse=True)
@@ -68,7 +68,7 @@ def _designer_samples(tmp_path: Path, rows: list) -> list:
 @pytest.mark.unit
 def test_design_overflow_close_answers_after_a_forced_close_that_the_update_masks(tiny_model, tmp_path):
     backend = _fake(tiny_model, [LONG, LONG, ANSWER, ANSWER])
-    summary, rows = _design(tmp_path, backend, enable_thinking=True, think_tokens=6, answer_tokens=200,
+    summary, rows = _design(tmp_path, backend, thinking=True, think_tokens=6, answer_tokens=200,
                             think_overflow="close")
     tok = backend.tokenizer
     forced, answer = tok.encode(FORCED, add_special_tokens=False), tok.encode(ANSWER, add_special_tokens=False)
@@ -98,11 +98,11 @@ def test_design_update_trains_the_sampled_tokens_of_two_phase_designs(tiny_model
     from stages import update
     from stages.update import UpdateConfig
 
-    _, rows = _design(tmp_path, _fake(tiny_model, [LONG, LONG, ANSWER, ANSWER]), enable_thinking=True,
+    _, rows = _design(tmp_path, _fake(tiny_model, [LONG, LONG, ANSWER, ANSWER]), thinking=True,
                       think_tokens=6, answer_tokens=200)
     _designer_samples(tmp_path, rows)  # writes the scores
     out = tmp_path / "ckpt"
-    summary = update.run(UpdateConfig(model=str(tiny_model), designs=[str(tmp_path / "designs.jsonl")],
+    summary = update.run(UpdateConfig(model=str(tiny_model), envs=[str(tmp_path / "designs.jsonl")],
                                       scores=[str(tmp_path / "s.jsonl")], out=str(out), learning_rate=1e-3,
                                       per_device_train_batch_size=2, max_grad_norm=0.0))
     assert summary["status"] == "ok" and summary["designer_samples"] == 2
@@ -120,7 +120,7 @@ def test_design_overflow_end_is_an_invalid_design_with_its_reason(tiny_model, tm
     draft = "draft it first:\n" + ANSWER
     budget = len(tok.encode(draft, add_special_tokens=False)) + 4
     backend = _fake(tiny_model, ["let me see " * budget, draft], template=OPENING)
-    summary, rows = _design(tmp_path, backend, enable_thinking=True, think_tokens=budget, answer_tokens=64,
+    summary, rows = _design(tmp_path, backend, thinking=True, think_tokens=budget, answer_tokens=64,
                             think_overflow="end")
     assert backend.calls == 1  # no answer phase
     assert summary["parse_errors"] == 2 and summary["think_overflows"] == 2
@@ -138,10 +138,10 @@ def test_design_overflow_end_is_an_invalid_design_with_its_reason(tiny_model, tm
 
 @pytest.mark.unit
 def test_design_one_budget_with_thinking_names_an_unclosed_block(tiny_model, tmp_path):
-    _, rows = _design(tmp_path, _fake(tiny_model, ["<think>\n" + ANSWER]), enable_thinking=True, max_tokens=400)
+    _, rows = _design(tmp_path, _fake(tiny_model, ["<think>\n" + ANSWER]), thinking=True, max_tokens=400)
     assert all(r.parse_error.startswith("think_overflow:") and r.gen["think_overflow"] is True for r in rows)
     assert all("env_mask" not in r.tokens for r in rows)
-    _, rows = _design(tmp_path, _fake(tiny_model, ["<think>\nhm\n</think>\n\n" + ANSWER]), enable_thinking=True,
+    _, rows = _design(tmp_path, _fake(tiny_model, ["<think>\nhm\n</think>\n\n" + ANSWER]), thinking=True,
                       max_tokens=400, force=True)
     assert all(r.code is not None and r.gen["think_overflow"] is False for r in rows)
 
@@ -157,7 +157,7 @@ def test_design_two_phases_on_real_backends(name, tiny_model, tmp_path, request)
     backend = load_backend(name, str(tiny_model), **kwargs)
     backend.tokenizer.chat_template = OPENING
     try:
-        summary, rows = _design(tmp_path, backend, enable_thinking=True, think_tokens=4, answer_tokens=4)
+        summary, rows = _design(tmp_path, backend, thinking=True, think_tokens=4, answer_tokens=4)
     finally:
         backend.close()
     forced = backend.tokenizer.encode(FORCED, add_special_tokens=False)

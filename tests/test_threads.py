@@ -20,7 +20,7 @@ def test_auto_rule_leaves_the_sandbox_workers_their_cores():
     assert threads.auto_threads(2, 8) == 1  # never below one
     env: dict[str, str] = {}
     # rollout's env steps run beside in-process generation only with continuous batching on hf
-    hf_continuous = {"env_threads": 3, "batching": "continuous", "backend": "hf"}
+    hf_continuous = {"workers": 3, "batching": "continuous", "backend": "hf"}
     assert threads.resolve(None, "rollout", hf_continuous, env, cores=8) == (5, "auto")
     assert threads.resolve(None, "rollout", {**hf_continuous, "batching": "auto"}, env, cores=8) == (8, "auto")
     assert threads.resolve(None, "rollout", {**hf_continuous, "batching": "lockstep"}, env, cores=2) == (2, "auto")
@@ -35,7 +35,7 @@ def test_auto_rule_leaves_the_sandbox_workers_their_cores():
 
 @pytest.mark.unit
 def test_an_explicit_count_wins_and_an_exported_omp_count_beats_auto():
-    assert threads.resolve(3, "rollout", {"env_threads": 8}, {"OMP_NUM_THREADS": "1"}, cores=2) == (3, "option")
+    assert threads.resolve(3, "rollout", {"workers": 8}, {"OMP_NUM_THREADS": "1"}, cores=2) == (3, "option")
     assert threads.resolve(None, "update", {}, {"OMP_NUM_THREADS": "1"}, cores=8) == (1, "OMP_NUM_THREADS")
     assert threads.resolve(None, "update", {}, {"OMP_NUM_THREADS": "junk"}, cores=8) == (8, "auto")
     assert threads.parse("auto") is None and threads.parse(None) is None and threads.parse(" 4 ") == 4
@@ -45,13 +45,13 @@ def test_an_explicit_count_wins_and_an_exported_omp_count_beats_auto():
 
 
 # A command built exactly as spade builds its own (SpadeCommand, the shared --config), named
-# `rollout` so that the auto rule reads its --env-threads; it reports what its torch runs with.
+# `rollout` so that the auto rule reads its --workers; it reports what its torch runs with.
 PROBE = r"""
 import json, os, sys
 import typer
 from spade_cli.cli import ConfigOpt, SpadeCommand, resolved_config
 app = typer.Typer()
-def rollout(ctx: typer.Context, env_threads: int = typer.Option(8, "--env-threads"),
+def rollout(ctx: typer.Context, workers: int = typer.Option(8, "--workers"),
             batching: str = typer.Option("continuous", "--batching"), backend: str = typer.Option("hf", "--backend"),
             use_torch: bool = typer.Option(False, "--torch"), config: ConfigOpt = None) -> None:
     from spade_cli.core import threads
@@ -98,7 +98,7 @@ def test_env_var_config_and_auto(tmp_path):
     assert (out["requested"], out["source"]) == (4, "option")
     out = json.loads(_probe("--threads", "5", env={"SPADE_THREADS": "4"}).stdout)
     assert out["requested"] == 5  # the flag beats the environment
-    out = json.loads(_probe("--env-threads", "1").stdout)
+    out = json.loads(_probe("--workers", "1").stdout)
     assert out["source"] == "auto" and out["requested"] == max(1, threads.usable_cores() - 1)
     res = _probe("--threads", "zero")
     assert res.returncode == 2 and "positive integer or 'auto'" in res.stderr

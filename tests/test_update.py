@@ -85,7 +85,7 @@ def make_artifacts(root: Path, model_dir: Path, envs: int = 2, k: int = 4) -> di
 def _config(paths: dict[str, Path], model: Path, out: Path, **kw: object):
     from stages.update import UpdateConfig
 
-    base = dict(model=str(model), designs=[str(paths["validated"])], rollouts=[str(paths["rollouts"])],
+    base = dict(model=str(model), envs=[str(paths["validated"])], rollouts=[str(paths["rollouts"])],
                 scores=[str(paths["scores"])], out=str(out), learning_rate=1e-3, per_device_train_batch_size=4,
                 max_grad_norm=0.0)
     return UpdateConfig(**{**base, **kw})
@@ -131,7 +131,7 @@ def test_learning_direction(artifacts: dict, tiny_model: Path, tmp_path: Path) -
     from spade_cli.core.records import parse
     from stages import update
 
-    update.run(_config(artifacts, tiny_model, tmp_path / "ck", designs=[], scores=[], num_iterations=2))
+    update.run(_config(artifacts, tiny_model, tmp_path / "ck", envs=[], scores=[], num_iterations=2))
     before = AutoModelForCausalLM.from_pretrained(tiny_model)
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "ck")
     gain = {True: [], False: []}
@@ -158,7 +158,7 @@ def test_env_tokens_get_exactly_zero_gradient(artifacts: dict, tiny_model: Path)
     from spade_cli.training import trainer as update_train
     from stages import update
 
-    cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", designs=[], scores=[])
+    cfg = _config(artifacts, tiny_model, tiny_model.parent / "unused", envs=[], scores=[])
     samples, _ = update.collect_samples(cfg)
     tr = update_train.prepare(cfg, {1.0}, None, str(tiny_model))
     mb = grpo.collate(samples[:4], samples[0], tr.tokenizer.pad_token_id, tr.accelerator.device)

@@ -36,7 +36,7 @@ def _rollouts(artifacts: dict, out: Path, sampling: dict | None, override: dict[
 
 
 def _collect(artifacts: dict, rollouts: Path, tiny_model: Path, tmp_path: Path, **kw: object) -> dict:
-    cfg = _config({**artifacts, "rollouts": rollouts}, tiny_model, tmp_path / "out", designs=[], scores=[], **kw)
+    cfg = _config({**artifacts, "rollouts": rollouts}, tiny_model, tmp_path / "out", envs=[], scores=[], **kw)
     samples, _ = collect_samples(cfg)
     return {s.temperature for s in samples}
 
@@ -47,11 +47,11 @@ PROCESSED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "logprobs": "processe
 def test_rows_win_over_their_manifest(artifacts, tiny_model, tmp_path):
     # the manifest says top-p 0.5 (refused without the correction); the rows say top-p 1: rows win
     rollouts = _rollouts(artifacts, tmp_path / "r.jsonl", PROCESSED, manifest={"temperature": 1.0, "top_p": 0.5})
-    assert _collect(artifacts, rollouts, tiny_model, tmp_path, importance_sampling=False) == {1.0}
+    assert _collect(artifacts, rollouts, tiny_model, tmp_path, tis=False) == {1.0}
     # the same rows without their record: the manifest is read, and top-p 0.5 refused
     old = _rollouts(artifacts, tmp_path / "old.jsonl", None, manifest={"temperature": 1.0, "top_p": 0.5})
     with pytest.raises(InputError, match=r"old.jsonl:1: sampled with top-p 0.5"):
-        _collect(artifacts, old, tiny_model, tmp_path, importance_sampling=False)
+        _collect(artifacts, old, tiny_model, tmp_path, tis=False)
 
 
 def test_a_group_of_two_samplers_is_refused(artifacts, tiny_model, tmp_path):

@@ -119,7 +119,7 @@ def test_designer_share_zero_equals_agent_only(artifacts: dict, tiny_model: Path
     from stages import update
 
     update.run(_config(artifacts, tiny_model, tmp_path / "zero", designer_share=0.0, max_grad_norm=1.0))
-    update.run(_config(artifacts, tiny_model, tmp_path / "agent", designs=[], scores=[], max_grad_norm=1.0))
+    update.run(_config(artifacts, tiny_model, tmp_path / "agent", envs=[], scores=[], max_grad_norm=1.0))
     z, a = _masters(tmp_path / "zero"), _masters(tmp_path / "agent")
     assert all(torch.equal(z[k], a[k]) for k in a)
     report = json.loads((tmp_path / "zero" / "update.json").read_text())
@@ -142,7 +142,7 @@ def test_top_p_samples_are_corrected_or_refused(artifacts: dict, tiny_model: Pat
     designs = _with_gen(artifacts["validated"], tmp_path / "designs.jsonl", temperature=1.0, top_p=0.9)
     paths = {**artifacts, "validated": designs}
     with pytest.raises(InputError, match=r"designs.jsonl:1: sampled with top-p 0.9"):
-        update.run(_config(paths, tiny_model, tmp_path / "off", importance_sampling=False))
+        update.run(_config(paths, tiny_model, tmp_path / "off", tis=False))
     update.run(_config(paths, tiny_model, tmp_path / "on"))
     sampler = json.loads((tmp_path / "on" / "update.json").read_text())["sampler"]
     assert sampler["enabled"] and sampler["rows_with_sampler_logprobs"] > 0 and "weight" in sampler
@@ -151,8 +151,8 @@ def test_top_p_samples_are_corrected_or_refused(artifacts: dict, tiny_model: Pat
     rollouts.write_text(artifacts["rollouts"].read_text())
     Path(f"{rollouts}.manifest.json").write_text(json.dumps({"config": {"temperature": 1.0, "top_p": 0.5}}))
     with pytest.raises(InputError, match=r"rollouts.jsonl:1: sampled with top-p 0.5"):
-        update.run(_config({**artifacts, "rollouts": rollouts}, tiny_model, tmp_path / "r", designs=[],
-                           scores=[], importance_sampling=False))
+        update.run(_config({**artifacts, "rollouts": rollouts}, tiny_model, tmp_path / "r", envs=[],
+                           scores=[], tis=False))
 
 
 def test_each_role_is_scored_at_its_own_temperature(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_each_role_is_scored_at_its_own_temperature(artifacts: dict, tiny_model:
 def test_kl_reference_base_is_the_first_model(artifacts: dict, tiny_model: Path, tmp_path: Path) -> None:
     from stages import update
 
-    kw = dict(beta=0.04, designs=[], scores=[])
+    kw = dict(beta=0.04, envs=[], scores=[])
     update.run(_config(artifacts, tiny_model, tmp_path / "one", **kw))
     kls = {}
     for ref in ("base", "previous"):

@@ -195,4 +195,4 @@ def resolve_think_context(tokenizer: Any, cfg: Any) -> str:
         raise SpadeError(f"think context must be one of {', '.join(CONTEXTS)}, got {mode!r}")
     if mode != "auto":
         return mode
-    return "drop" if template_drops_reasoning(tokenizer, getattr(cfg, "enable_thinking", True)) else "keep"
+    return "drop" if template_drops_reasoning(tokenizer, getattr(cfg, "thinking", True)) else "keep"

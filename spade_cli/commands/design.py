@@ -59,10 +59,9 @@ def design(
         rich_help_panel=PROMPT)]
     = True,
     memory: Annotated[Path | None, typer.Option(
-        "--memory", help="Environment memory (spade.memory/1 JSONL) summarised in the prompt.",
+        "--memory", help="Environment memory (spade.memory/1 JSONL) summarised in the prompt (the "
+        "memory ablation: leave it out).",
         dir_okay=False, rich_help_panel=PROMPT)] = None,
-    no_memory: Annotated[bool, typer.Option("--no-memory/--use-memory", help="Ignore --memory (the ablation).",
-                                                    rich_help_panel=PROMPT)] = False,
     memory_k: Annotated[int, typer.Option("--memory-k", help="Past environments listed in the prompt.",
                                           min=0, rich_help_panel=PROMPT)] = 12,
     signal: Annotated[Signal, typer.Option(
@@ -84,10 +83,10 @@ def design(
     = 1500,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k sampling (0: off).", min=0,
                                        rich_help_panel=SAMPLING)] = 0,
-    enable_thinking: Annotated[bool | None, typer.Option(
-        "--thinking/--no-thinking", help="Let the chat template open a thinking block (default: on "
-        "with --think-tokens, else off).", show_default=False, rich_help_panel=THINK)]
-    = None,
+    thinking: Annotated[bool, typer.Option(
+        "--thinking/--no-thinking", help="Let the chat template open a thinking block (on, as in rollout "
+        "and warmstart: Qwen3's own default; a template without thinking ignores it).", rich_help_panel=THINK)]
+    = True,
     think_tokens: Annotated[int | None, typer.Option(
         "--think-tokens", min=1, help="Reasoning budget of one design; set: reasoning and answer are "
         "generated in two phases.", rich_help_panel=THINK)] = None,
@@ -121,7 +120,7 @@ def design(
     enable_prefix_caching: PrefixCachingOpt = False,
     enforce_eager: EnforceEagerOpt = False,
     engine_arg: EngineArgOpt = None,
-    accept_foreign_server: ForeignServerOpt = False,
+    foreign_server: ForeignServerOpt = False,
     config: ConfigOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -157,22 +156,19 @@ def design(
 
     if contract not in CONTRACTS:
         raise typer.BadParameter(f"{contract!r} is not one of {', '.join(CONTRACTS)}", param_hint="--contract")
-    if enable_thinking is None:
-        enable_thinking = think_tokens is not None
-    mem = None if no_memory else memory
     engine = for_backend(backend, EngineOptions.from_cli(
         tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len, enable_prefix_caching,
         enforce_eager, engine_arg))
     cfg = resolved_config(ctx)
     with console.status("designing environments" if pool is None else f"reading the pool {pool}"):
         summary = stage.run(out, model=model, n=n, group=group, corpus=corpus, grounding=grounding,
-                            memory=mem, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
+                            memory=memory, iteration=iteration, seed=seed, backend=backend, base_url=base_url,
                             temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                            excerpt_chars=excerpt_chars, enable_thinking=enable_thinking, pool=pool,
+                            excerpt_chars=excerpt_chars, thinking=thinking, pool=pool,
                             chunk=chunk, memory_k=memory_k, example=example, signal=signal, top_k=top_k,
                             think_tokens=think_tokens, answer_tokens=answer_tokens,
                             think_overflow=think_overflow, contract=contract, config=cfg, force=force,
-                            engine=engine, accept_foreign_server=accept_foreign_server)
+                            engine=engine, accept_foreign_server=foreign_server)
     if summary.get("status") == "ok":
         parsed = summary.get("parsed", summary["rows"])
         console.print(f"[green]wrote[/] {out}: {summary['rows']} designs, {parsed} parsed")

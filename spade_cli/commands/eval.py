@@ -122,7 +122,7 @@ def eval_(
                                                     "simulator's temperature.")] = 0.0,
     user_max_tokens: Annotated[int | None, typer.Option("--user-max-tokens", min=1, help="tau2: cap per user "
                                                         "reply (default: the server's).")] = None,
-    max_steps: Annotated[int, typer.Option("--max-messages", min=1, help="tau2: messages per conversation.")] = 100,
+    max_messages: Annotated[int, typer.Option("--max-messages", min=1, help="tau2: messages per conversation.")] = 100,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Local copies of the paper's datasets "
                                                   "(aime25.jsonl, aime26.jsonl, gpqa_diamond.csv, lcb_v6.jsonl) "
                                                   "for lm:spade_* tasks, instead of the hub.", exists=True,
@@ -139,7 +139,7 @@ def eval_(
     enable_prefix_caching: PrefixCachingOpt = False,
     enforce_eager: EnforceEagerOpt = False,
     engine_arg: EngineArgOpt = None,
-    accept_foreign_server: ForeignServerOpt = False,
+    foreign_server: ForeignServerOpt = False,
     seed: SeedOpt = 0,
     force: ForceOpt = False,
     config: ConfigOpt = None,
@@ -191,11 +191,11 @@ def eval_(
                        chat_template=chat_template or preset == "paper", evalscope_bin=evalscope_bin,
                        k=k, max_turns=max_turns, samples=samples,
                        user_base_url=user_base_url, user_model=user_model, user_temperature=user_temperature,
-                       user_max_tokens=user_max_tokens, max_steps=max_steps,
+                       user_max_tokens=user_max_tokens, max_steps=max_messages,
                        data_dir=str(data_dir) if data_dir else None, top_p=top_p, top_k=top_k,
                        think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
                        force=force, config=cfg, engine=engine,
-                       accept_foreign_server=accept_foreign_server, log=lambda msg: console.print(msg, soft_wrap=True))
+                       accept_foreign_server=foreign_server, log=lambda msg: console.print(msg, soft_wrap=True))
     if result["status"] != "up to date":
         _show_results(result)
     finish(result)

@@ -66,7 +66,7 @@ def regret(
     embedding: Annotated[str, typer.Option(
         "--embedding", envvar="SPADE_EMBEDDING",
         help="Diversity embedding: auto (minilm if installed), tfidf, minilm or a model dir.")] = "auto",
-    audit: Annotated[bool, typer.Option(
+    seed_audit: Annotated[bool, typer.Option(
         "--seed-audit/--no-seed-audit", help="Replay each env's best hinted actions on other seeds in the sandbox: "
         "solving most of them flags it seed_invariant.")] = True,
     audit_seeds: Annotated[int, typer.Option("--audit-seeds", min=1, help="Seeds each audit replays.")] = 4,
@@ -99,7 +99,7 @@ def regret(
                         invalid_reward=invalid_reward, iteration=iteration, before_rollouts=before_rollouts,
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
-                        replay_staleness=replay_staleness, embedding=embedding, audit=audit,
+                        replay_staleness=replay_staleness, embedding=embedding, audit=seed_audit,
                         audit_seeds=audit_seeds, flagged_reward=flagged_reward,
                         max_error_rate=max_error_rate, shuffle_rewards=shuffle_rewards, force=force)
     warnings = summary.get("warnings", [])

@@ -30,17 +30,14 @@ from spade_cli.cli import (
     MinTier,
     ModelOpt,
     OutFileOpt,
-    Overflow,
-    SeedOpt,
     Tier,
     command,
+    config_options,
     console,
     finish,
 )
 from spade_cli.commands.validate import ScratchOpt
-
-GEN = "Generation"
-PLAY = "Episodes"
+from spade_cli.rollout.episode_state import GEN, PlayConfig
 
 
 class Progress:
@@ -74,7 +71,9 @@ class Progress:
             self.bar.stop()
 
 
+@config_options(PlayConfig)
 def rollout(
+    *,  # keyword-only: the settings' place (play) has no default of its own
     model: ModelOpt,
     envs: Annotated[list[str], typer.Option("--envs", help="Validated designs (JSONL); repeat, comma-separate or "
                                             "glob for several files, e.g. a replay file.")],
@@ -83,48 +82,11 @@ def rollout(
     budget_pairs: Annotated[int | None, typer.Option(
         "--budget-pairs", min=1, help="Seed pairs of the whole iteration, split evenly over the valid envs "
         "(replaces --k): every arm plays the same number of episodes however many designs are valid.")] = None,
-    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Turn cap; reaching it truncates.",
-                                           rich_help_panel=PLAY)] = 16,
-    max_episode_tokens: Annotated[int, typer.Option(
-        "--max-episode-tokens", min=16, help="Context budget: prompt + all later tokens of an episode.",
-        rich_help_panel=PLAY)] = 8192,
-    max_action_chars: Annotated[int, typer.Option(
-        "--max-action-chars", min=1, help="Cut the action sent to step to this many characters.",
-        rich_help_panel=PLAY)] = 2000,
-    error_return: Annotated[float, typer.Option(
-        "--error-return", min=-1.0, max=1.0, rich_help_panel=PLAY,
-        help="Return recorded for an episode that ends with an env error, in [-1, 1].")] = 0.0,
-    quarantine_after: Annotated[int, typer.Option(
-        "--quarantine-after", min=1, help="Errors after which an env's remaining episodes are not played.",
-        rich_help_panel=PLAY)] = 3,
     shard: Annotated[str | None, typer.Option("--shard", help="I/N: play only shard I of N (by env_id).")]
     = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
-    temperature: Annotated[float, typer.Option("--temperature", min=0, rich_help_panel=GEN)] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", min=0, max=1, rich_help_panel=GEN)] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Token cap of one reply.",
-                                                rich_help_panel=GEN)] = 512,
-    enable_thinking: Annotated[bool, typer.Option(
-        "--thinking/--no-thinking", help="Let the agent think (<think> block) before acting.",
-        rich_help_panel=GEN)] = True,
-    top_k: Annotated[int, typer.Option("--top-k", min=0, help="0: off.", rich_help_panel=GEN)] = 0,
-    think_tokens: Annotated[int | None, typer.Option(
-        "--think-tokens", min=1, help="Reasoning budget of one reply; set: reasoning and answer "
-        "are generated in two phases.", rich_help_panel=GEN)] = None,
-    answer_tokens: Annotated[int | None, typer.Option(
-        "--answer-tokens", min=1, help="Answer budget with --think-tokens [default: --max-tokens].",
-        rich_help_panel=GEN)] = None,
-    think_overflow: Annotated[Overflow, typer.Option(
-        "--think-overflow", help="Reasoning out of budget: close (spade appends </think>, masked) "
-        "or end (empty action, recorded).", rich_help_panel=GEN)] = "close",
-    think_context: Annotated[Literal["keep", "drop", "auto"], typer.Option(
-        "--think-context", help="Earlier reasoning in the context: keep, drop, or auto (as the "
-        "chat template does).", rich_help_panel=GEN)] = "auto",
-    max_concurrent: Annotated[int, typer.Option(
-        "--max-concurrent", min=1, help="Episodes in flight: the batch of one generate call (hf: one "
-        "model.generate); with continuous batching, the requests in flight. The default holds the 384 "
-        "episodes of one iteration (24 envs x 8 pairs x 2).", rich_help_panel=GEN)] = 512,
+    play: PlayConfig,  # the episodes' settings, declared once in PlayConfig
     batching: Annotated[Literal["auto", "lockstep", "continuous"], typer.Option(
         "--batching", help="lockstep (one batched generate call per turn) or continuous (each "
         "episode advances on its own); auto: continuous for openai.", rich_help_panel=GEN)] = "auto",
@@ -133,11 +95,8 @@ def rollout(
     tier: Annotated[Tier, typer.Option("--tier", help="Sandbox tier (auto: strong when bubblewrap works).")] = "auto",
     min_tier: Annotated[MinTier, typer.Option("--min-tier", help="Fail closed below this tier.")]
     = "process",
-    env_threads: Annotated[int, typer.Option("--env-threads", min=1, help="Threads stepping sandbox workers.")]
-    = 8,
     scratch_mb: ScratchOpt = 64,
     iteration: IterationOpt = 0,
-    seed: SeedOpt = 0,
     log_every: Annotated[int, typer.Option("--log-every", min=1, help="Log line every N episodes (no TTY).")]
     = 50,
     tensor_parallel_size: TensorParallelOpt = None,
@@ -147,7 +106,7 @@ def rollout(
     enable_prefix_caching: PrefixCachingOpt = False,
     enforce_eager: EnforceEagerOpt = False,
     engine_arg: EngineArgOpt = None,
-    accept_foreign_server: ForeignServerOpt = False,
+    foreign_server: ForeignServerOpt = False,
     force: ForceOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -157,35 +116,22 @@ def rollout(
 
     Example: [bold]spade rollout --model ckpt/tiny --envs validated.jsonl --k 2 --max-turns 2 --max-tokens 32 --out rollouts.jsonl[/]
     """
-    from spade_cli.rollout.episodes import PlayConfig
     from stages import rollout as stage
 
-    for name, value, allowed in (("--batching", batching, stage.BATCHING),
-                                 ("--tier", tier, ("auto", "process", "strong")),
-                                 ("--min-tier", min_tier, ("process", "strong"))):
-        if value not in allowed:
-            raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=name)
     try:
         stage.parse_shard(shard)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--shard") from None
-    play = PlayConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
-                      max_action_chars=max_action_chars, temperature=temperature, top_p=top_p,
-                      enable_thinking=enable_thinking, error_return=error_return, top_k=top_k,
-                      think_tokens=think_tokens, answer_tokens=answer_tokens, think_overflow=think_overflow,
-                      think_context=think_context,
-                      quarantine_after=quarantine_after, max_concurrent=max_concurrent,
-                      env_threads=env_threads, seed=seed)
     engine = for_backend(backend, EngineOptions.from_cli(
         tensor_parallel_size, data_parallel_size, gpu_memory_utilization, max_model_len, enable_prefix_caching,
         enforce_eager, engine_arg))
     progress = Progress(log_every)
     try:
-        summary = stage.run(model, envs, Path(out), k, budget=budget_pairs, iteration=iteration, seed=seed, backend=backend,
+        summary = stage.run(model, envs, Path(out), k, budget=budget_pairs, iteration=iteration, seed=play.seed, backend=backend,
                             base_url=base_url, shard=shard, play=play, tier=tier,
                             min_tier=min_tier, scratch_mb=scratch_mb, force=force, batching=batching,
-                            progress=progress, engine=engine, accept_foreign_server=accept_foreign_server,
-                            backend_kwargs=({"dtype": dtype, "batch_size": max_concurrent}
+                            progress=progress, engine=engine, accept_foreign_server=foreign_server,
+                            backend_kwargs=({"dtype": dtype, "batch_size": play.max_concurrent}
                                             if backend == "hf" else None))
     finally:
         progress.close()

@@ -30,14 +30,14 @@ def serve(
     = None,
     model: Annotated[str | None, typer.Option("--model", help="Checkpoint to serve: starts the server, or "
                                               "loads it into the running one.")] = None,
-    action: Annotated[str | None, typer.Option("--do", help="Instead of serving a checkpoint: sleep (release "
+    do: Annotated[str | None, typer.Option("--do", help="Instead of serving a checkpoint: sleep (release "
                                                "GPU memory), wake-up, stop or status.")] = None,
     level: Annotated[int, typer.Option("--level", min=1, max=2, help="Sleep level: 1 keeps the weights in "
                                        "CPU memory, 2 drops them (the wake reads them again).")] = 1,
     host: Annotated[str, typer.Option("--host", help="Address the server listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port the server listens on.")] = 8000,
     dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype of the engine.")] = "bfloat16",
-    python: Annotated[str | None, typer.Option("--vllm-python", help="Python with vLLM installed "
+    vllm_python: Annotated[str | None, typer.Option("--vllm-python", help="Python with vLLM installed "
                                                "[default: this one].")] = None,
     sleep_mode: Annotated[bool | None, typer.Option("--sleep-mode/--no-sleep-mode", show_default=False,
                                                     help="vLLM sleep mode [default: on with GPUs].")] = None,
@@ -67,12 +67,12 @@ def serve(
     """
     from stages import serve as stage
 
-    if (model is None) == (action is None):
+    if (model is None) == (do is None):
         raise typer.BadParameter("pass --model CKPT (serve it) or --do ACTION", param_hint="--model/--do")
-    if action is not None:
-        if action not in ACTIONS:
+    if do is not None:
+        if do not in ACTIONS:
             raise typer.BadParameter(f"choose one of {', '.join(ACTIONS)}", param_hint="--do")
-        summary = stage.control(run_dir, action.replace("-", "_"), level=level, iteration=iteration,
+        summary = stage.control(run_dir, do.replace("-", "_"), level=level, iteration=iteration,
                                 server_name=server)
         finish(summary)
         return
@@ -82,7 +82,7 @@ def serve(
         stage.check_engine_args(opts.engine_args)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--engine-arg") from None
-    summary = stage.run(model, run_dir, opts, host=host, port=port, dtype=dtype, python=python,
+    summary = stage.run(model, run_dir, opts, host=host, port=port, dtype=dtype, python=vllm_python,
                         sleep_mode=sleep_mode, wait_s=wait, dry_run=dry_run, iteration=iteration,
                         server_name=server)
     if dry_run:

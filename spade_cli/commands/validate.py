@@ -38,7 +38,7 @@ def validate(
     min_tier: MinTierOpt = "process",
     memory: Annotated[Path | None, typer.Option("--memory", help="spade.memory/1 JSONL: known envs are "
                                                 "flagged `duplicate`.", dir_okay=False)] = None,
-    max_steps: Annotated[int, typer.Option("--max-env-steps", min=1, help="Env steps per validation episode.")] = 16,
+    max_env_steps: Annotated[int, typer.Option("--max-env-steps", min=1, help="Env steps per validation episode.")] = 16,
     trivial_return: Annotated[float, typer.Option("--trivial-return", help="A degenerate or random policy "
                                                   "reaching this return makes the env `trivial`.")] = 0.8,
     scratch_mb: ScratchOpt = 64,
@@ -68,7 +68,7 @@ def validate(
             console.print(f"validated {done}/{total}")
 
     summary = stage.run(designs, out, memory=memory, workers=workers, tier=tier, min_tier=min_tier,
-                        max_steps=max_steps, seed=seed, trivial_return=trivial_return, scratch_mb=scratch_mb,
+                        max_steps=max_env_steps, seed=seed, trivial_return=trivial_return, scratch_mb=scratch_mb,
                         force=force,
                         config=resolved_config(ctx), progress=progress)
     for w in summary.get("warnings", []):

@@ -19,6 +19,9 @@ from spade_cli.cli import (
     resolved_config,
 )
 
+# A panel of its own: the Agent's options beside the Designer's would squeeze the help column.
+AGENT = "The Agent's solver episodes"
+
 
 def warmstart(
     ctx: typer.Context,
@@ -39,21 +42,22 @@ def warmstart(
     excerpt_chars: Annotated[int, typer.Option("--excerpt-chars", help="Document excerpt length.")] = 300,
     example: Annotated[bool, typer.Option("--example/--no-example",
                                           help="Include the worked example in the prompts.")] = False,
-    enable_thinking: Annotated[bool, typer.Option("--thinking/--no-thinking")] = False,
-    agent_episodes: Annotated[int, typer.Option("--solver-seeds", min=0,
+    thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="Designer prompts as design "
+                                           "--thinking renders them (on, as there).")] = True,
+    solver_seeds: Annotated[int, typer.Option("--solver-seeds", min=0, rich_help_panel=AGENT,
                                                 help="Also warm-start the Agent: seeds per env with a scripted solver.")]
     = 0,
-    agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0,
+    agent_noise: Annotated[float, typer.Option("--agent-noise", min=0.0, max=1.0, rich_help_panel=AGENT,
                                                help="Share of the solver's actions that are random "
                                                     "(0: imitating noise mostly taught noise).")] = 0.0,
-    agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1,
+    agent_max_turns: Annotated[int, typer.Option("--agent-max-turns", min=1, rich_help_panel=AGENT,
                                                  help="Turn cap of the solver episodes (rollout's --max-turns).")]
     = 16,
-    agent_thinking: Annotated[bool, typer.Option("--agent-think/--no-agent-think",
+    agent_think: Annotated[bool, typer.Option("--agent-think/--no-agent-think", rich_help_panel=AGENT,
                                                  help="Agent prompts as rollout --thinking renders them.")] = True,
     contract: Annotated[Contract, typer.Option("--contract", help="The Designer prompts' system message "
                                           "(as `spade design --contract`).")] = "full",
-    agent_pool: Annotated[str | None, typer.Option("--agent-pool", help="Where the solver episodes' envs "
+    agent_pool: Annotated[str | None, typer.Option("--agent-pool", rich_help_panel=AGENT, help="Where the solver episodes' envs "
                                                    "come from (default: --pool).")] = None,
     memory_k: Annotated[int, typer.Option("--memory-k", min=0, help="Past environments the practice "
                                           "memory lists (as `spade design --memory-k`).")] = 12,
@@ -73,7 +77,7 @@ def warmstart(
     from spade_cli.designer.prompts import CONTRACTS
     from stages import warmstart as stage
 
-    if epochs == 0 and agent_episodes == 0:
+    if epochs == 0 and solver_seeds == 0:
         raise typer.BadParameter("nothing to train: pass --epochs N (Designer) or --solver-seeds N (Agent)",
                                  param_hint="--epochs")
     if contract not in CONTRACTS:
@@ -83,9 +87,9 @@ def warmstart(
         summary = stage.run(out, model=model, pool=pool, epochs=epochs, learning_rate=learning_rate,
                             batch_size=batch_size, max_examples=max_examples, seed=seed, corpus=corpus,
                             grounding=grounding, excerpt_chars=excerpt_chars, example=example,
-                            enable_thinking=enable_thinking, agent_episodes=agent_episodes,
+                            enable_thinking=thinking, agent_episodes=solver_seeds,
                             agent_noise=agent_noise, agent_max_turns=agent_max_turns,
-                            agent_thinking=agent_thinking, contract=contract, agent_pool=agent_pool, memory_k=memory_k,
+                            agent_thinking=agent_think, contract=contract, agent_pool=agent_pool, memory_k=memory_k,
                             config=resolved_config(ctx), force=force)
     if summary.get("status") == "ok":
         console.print(f"[green]wrote[/] {out}: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "

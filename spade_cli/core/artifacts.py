@@ -274,9 +274,34 @@ LATER_DEFAULTS = {"design": {"contract": "full"},
 LATER_INPUT_ROLES = {"warmstart": {"pool"}}
 
 
+# Settings renamed so that each is named as its flag (name = flag = `--config` key = manifest key):
+# a manifest written before is read with the new names, so its run stays "up to date". None: the
+# setting no longer changes the output and left the comparison.
+KEYS_RENAMED: dict[str, dict[str, str | None]] = {
+    "update": {"importance_sampling": "tis", "max_completion_length": "dr_grpo_length"},
+    "rollout": {"max_new_tokens": "max_tokens", "enable_thinking": "thinking"},
+    "design": {"enable_thinking": "thinking"},
+    "warmstart": {"enable_thinking": "thinking", "agent_episodes": "solver_seeds", "agent_thinking": "agent_think"},
+    "validate": {"max_steps": "max_env_steps"},
+    "regret": {"audit": "seed_audit"},
+    "eval": {"max_steps": "max_messages"},
+}
+# Settings retired at the value that keeps their effect: an older manifest that recorded that value
+# is read without them (design's --no-memory: the ablation is now to leave --memory out).
+RETIRED_AT = {"design": {"no_memory": False}}
+
+
 def later_defaults_dropped(config: dict[str, Any], stage: str) -> dict[str, Any]:
     later = LATER_DEFAULTS.get(stage, {})
     return {k: v for k, v in config.items() if not (k in later and v == later[k])}
+
+
+def keys_renamed(config: dict[str, Any], stage: str) -> dict[str, Any]:
+    """An older manifest's config under today's names (``KEYS_RENAMED``)."""
+    renamed, retired = KEYS_RENAMED.get(stage, {}), RETIRED_AT.get(stage, {})
+    out = {renamed.get(k, k): v for k, v in config.items()
+           if renamed.get(k, k) is not None and not (k in retired and v == retired[k])}
+    return later_defaults_dropped(out, stage)
 
 
 @dataclass
@@ -346,7 +371,7 @@ class Stage:
         if old.get("output", {}).get("sha256") not in (None, fingerprint(self.out, out_v)["sha256"]):
             return f"{self.out} was modified after its manifest was written"
         mine, theirs = self._key(self._as_made(old.get("inputs", {})), self.config), \
-            self._key(old.get("inputs", {}), old.get("config", {}))
+            self._key(old.get("inputs", {}), keys_renamed(old.get("config", {}), self.name))
         if mine == theirs:
             return "up to date"
         changed = sorted(k for k in set(mine["config"]) | set(theirs["config"])

@@ -31,14 +31,14 @@ ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Sandbox workers a command keeps busy beside torch, from its own parsed options. Validate checks
 # `--workers` designs at once (default: two per core, see stages.validate.default_workers).
-# Rollout steps envs in `--env-threads` workers, but only continuous batching steps them while the
+# Rollout steps envs in `--workers` workers, but only continuous batching steps them while the
 # in-process model generates: lockstep (the hf and vllm default) generates, then steps, then
 # generates, so its torch gets every core (the tiny model's rollout of the quickstart, idle: 53 s
 # with one thread, 35 s with two, the same rows; with the other core busy 51 s and 53 s), and the
 # openai backend generates in a server. Warmstart's solver episodes (--agent-episodes) run in the
 # sandbox before training starts and use no torch, so its training gets every core.
 SANDBOX_WORKERS: dict[str, Callable[[dict[str, Any], int], int]] = {
-    "rollout": lambda p, cores: (int(p.get("env_threads") or 8)
+    "rollout": lambda p, cores: (int(p.get("workers") or 8)
                                  if p.get("batching") == "continuous" and p.get("backend") == "hf" else 0),
     "validate": lambda p, cores: int(p.get("workers") or 2 * cores),
 }

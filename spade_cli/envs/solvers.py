@@ -132,7 +132,7 @@ def play(tokenizer: Any, envs: list[dict], episodes: int, *, noise: float, seed:
     from spade_cli.rollout.episodes import Engine, EnvSource, EpisodeSpec, PlayConfig, episode_id
     from spade_cli.sandbox import EnvError, SandboxConfig, SandboxPool
 
-    cfg = PlayConfig(max_turns=max_turns, enable_thinking=enable_thinking, temperature=0.0, seed=seed)
+    cfg = PlayConfig(max_turns=max_turns, thinking=enable_thinking, temperature=0.0, seed=seed)
     rows: list[Any] = []
     with SandboxPool(SandboxConfig(tier="auto")) as pool:
         for env in envs:

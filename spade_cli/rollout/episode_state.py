@@ -11,31 +11,55 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from spade_cli.core.records import Rollout
+from spade_cli.core.settings import setting
+
+GEN = "Generation"  # help panels of `spade rollout`
+PLAY = "Episodes"
 
 
 @dataclass(frozen=True)
 class PlayConfig:
-    max_turns: int = 16
-    max_new_tokens: int = 512
-    max_episode_tokens: int = 8192
-    max_action_chars: int = 2000
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    enable_thinking: bool = True
-    think_tokens: int | None = None  # set: reasoning and answer get their own budgets (two phases)
-    answer_tokens: int | None = None  # default: max_new_tokens
-    think_overflow: str = "close"  # close | end (spade_cli.backends.thinking)
-    think_context: str = "auto"  # keep | drop | auto: earlier reasoning in the context or not
-    error_return: float = 0.0
-    quarantine_after: int = 3
+    """How episodes are played: `spade rollout`'s options are built from these fields (and `spade
+    eval`'s envs: tasks play by them)."""
+
+    max_turns: int = setting(16, "Turn cap; reaching it truncates.", panel=PLAY, min=1)
+    max_episode_tokens: int = setting(8192, "Context budget: prompt + all later tokens of an episode.",
+                                      panel=PLAY, min=16)
+    max_action_chars: int = setting(2000, "Cut the action sent to step to this many characters.", panel=PLAY,
+                                    min=1)
+    error_return: float = setting(0.0, "Return recorded for an episode that ends with an env error, in [-1, 1].",
+                                  panel=PLAY, min=-1.0, max=1.0)
+    quarantine_after: int = setting(3, "Errors after which an env's remaining episodes are not played.",
+                                    panel=PLAY, min=1)
+    temperature: float = setting(1.0, "Sampling temperature.", panel=GEN, min=0)
+    top_p: float = setting(1.0, "Nucleus sampling.", panel=GEN, min=0, max=1)
+    top_k: int = setting(0, "0: off.", panel=GEN, min=0)
+    max_tokens: int = setting(512, "Token cap of one reply.", panel=GEN, min=1)
+    # On, as design and warmstart: Qwen3's template default and the mode its model card recommends
+    # for reasoning and agentic use; a template without a thinking mode ignores it.
+    thinking: bool = setting(True, "Let the agent think (<think> block) before acting (on: Qwen3's own "
+                             "default; a template without thinking ignores it).", panel=GEN)
+    think_tokens: int | None = setting(None, "Reasoning budget of one reply; set: reasoning and answer are "
+                                       "generated in two phases.", panel=GEN, min=1)
+    answer_tokens: int | None = setting(None, "Answer budget with --think-tokens (default: --max-tokens).",
+                                        panel=GEN, min=1)
+    think_overflow: Literal["close", "end"] = setting(
+        "close", "Reasoning out of budget: close (spade appends </think>, masked) or end (empty action, "
+        "recorded).", panel=GEN)  # spade_cli.backends.thinking.OVERFLOW
+    think_context: Literal["keep", "drop", "auto"] = setting(
+        "auto", "Earlier reasoning in the context: keep, drop, or auto (as the chat template does).",
+        panel=GEN)  # spade_cli.backends.thinking.CONTEXTS
     # every episode of one iteration of the paper's loop (24 envs x 8 pairs x 2 = 384) at once, with room
-    max_concurrent: int = 512
-    env_threads: int = 8
-    seed: int = 0
+    max_concurrent: int = setting(
+        512, "Episodes in flight: the batch of one generate call (hf: one model.generate); with continuous "
+        "batching, the requests in flight. The default holds the 384 episodes of one iteration (24 envs x 8 "
+        "pairs x 2).", panel=GEN, min=1)
+    workers: int = setting(8, "Sandbox workers stepping envs at once (as validate's --workers; --threads: "
+                           "torch's).", min=1)
+    seed: int = setting(0, "Run seed; every derived seed comes from it.")
 
 
 @dataclass(frozen=True)

@@ -140,15 +140,15 @@ class Engine:
         self.think_context = resolve_think_context(self.tok, cfg)
         self.thinking = None
         if cfg.think_tokens is not None:
-            self.thinking = Thinking(cfg.think_tokens, cfg.answer_tokens or cfg.max_new_tokens,
+            self.thinking = Thinking(cfg.think_tokens, cfg.answer_tokens or cfg.max_tokens,
                                      cfg.think_overflow).bind(self.tok)
         self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                 max_tokens=cfg.max_new_tokens)
+                                 max_tokens=cfg.max_tokens)
 
     # -- rendering ---------------------------------------------------------------------------
     def _render_text(self, messages: list[dict], gen: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
-                                            enable_thinking=self.cfg.enable_thinking)
+                                            enable_thinking=self.cfg.thinking)
 
     def _splice_env(self, ep: Episode, gen: bool) -> None:
         """Append, as env tokens, whatever the template renders after the text so far."""
@@ -227,7 +227,7 @@ class Engine:
 
         t0 = time.perf_counter()
         results: list[tuple[Episode, Any]] = []
-        with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.env_threads, len(jobs)))) as ex:
+        with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.workers, len(jobs)))) as ex:
             for part in ex.map(lambda kv: run_worker(*kv), list(jobs.items())):
                 results += part
         self.stats.env_s += time.perf_counter() - t0
@@ -260,7 +260,7 @@ class Engine:
         ep = Episode(spec, first_obs=obs)
         ep.messages = [{"role": "system", "content": system_message(hint, self.cfg)},
                        {"role": "user", "content": obs}]
-        ep.prompt_ids = render_chat(self.tok, ep.messages, enable_thinking=self.cfg.enable_thinking)
+        ep.prompt_ids = render_chat(self.tok, ep.messages, enable_thinking=self.cfg.thinking)
         ep.text = self._render_text(ep.messages, True)
         if self.think_context == "drop":
             ep.context = list(ep.prompt_ids)
@@ -271,7 +271,7 @@ class Engine:
         """The next prompt with every earlier turn's reasoning removed (think_context drop)."""
         chat = [{**m, "content": answer_only(m["content"])} if m["role"] == "assistant" else m
                 for m in ep.messages]
-        return render_chat(self.tok, chat, enable_thinking=self.cfg.enable_thinking)
+        return render_chat(self.tok, chat, enable_thinking=self.cfg.thinking)
 
     def _leaks(self, env_id: str, obs: str) -> bool:
         """validate's own hint-leak check (case and spacing ignored), enforced again here."""
@@ -408,7 +408,7 @@ class Engine:
         ep.pending = to_action(reply, self.cfg.max_action_chars)
         overflow = bool(sample.extra.get("think_overflow")) or _unclosed(reply)
         ep.pending_info = {k: sample.extra[k] for k in ("think_tokens", "answer_tokens") if k in sample.extra}
-        if self.cfg.enable_thinking:
+        if self.cfg.thinking:
             ep.pending_info["think_overflow"] = overflow
         if overflow and (self.thinking is None or self.thinking.overflow == "end"):
             ep.pending = ""  # said so in the turn (think_overflow), never silently

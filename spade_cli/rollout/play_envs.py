@@ -156,7 +156,7 @@ def run(
     config = {"model": str(model), "k": k, "budget_pairs": budget, "iteration": iteration, "seed": seed, "backend": backend,
               "shard": f"{shard_t[0]}/{shard_t[1]}", "tier": tier, "min_tier": min_tier, "batching": batching,
               "scratch_mb": scratch_mb,
-              **{f: v for f, v in play.__dict__.items() if f not in ("seed", "max_concurrent", "env_threads")}}
+              **{f: v for f, v in play.__dict__.items() if f not in ("seed", "max_concurrent", "workers")}}
     inputs: dict[str, list] = {"envs": paths}
     if Path(model).is_dir():
         inputs["model"] = [Path(model)]
@@ -216,7 +216,7 @@ def run(
             with stage.writer() as writer:
                 def emit(rec: Any) -> None:
                     # read at each row: an openai backend learns its wire mode from its first answer
-                    rec.extra["sampling"] = {**sampling_record(sampling, bk), "max_new_tokens": play.max_new_tokens}
+                    rec.extra["sampling"] = {**sampling_record(sampling, bk), "max_new_tokens": play.max_tokens}
                     row = to_row(rec)
                     writer.write(row)
                     rows.append(row)

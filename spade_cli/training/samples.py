@@ -210,8 +210,8 @@ def _resolve(cfg: UpdateConfig, role: str, path: Path, line: int, params: dict, 
                                      f"sampler's at temperature {temperature:g}, top-p {top_p}, top-k {top_k}; "
                                      "resample from a server with processed log-probs (spade serve, or vllm "
                                      "serve --logprobs-mode processed_logprobs)")
-    if truncated and (not cfg.importance_sampling or not has_logprobs):
-        why = "the sampler correction is off" if not cfg.importance_sampling else "the row has no sampler log-probs"
+    if truncated and (not cfg.tis or not has_logprobs):
+        why = "the sampler correction is off" if not cfg.tis else "the row has no sampler log-probs"
         raise InputError(path, line, f"sampled with top-p {top_p} / top-k {top_k}, and {why}: the trainer's "
                                      "full-distribution log-probs are another policy. Train with the sampler "
                                      "correction on (--tis, the default) on rows with "
@@ -264,7 +264,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
     # the plan, the normalisers and the shared gradient clip, so the other role's step would differ
     # from a run without it (the fixed-pool baselines rely on that identity).
     use_rollouts = bool(cfg.rollouts) and cfg.designer_share != 1.0
-    use_designs = bool(cfg.designs) and cfg.designer_share != 0.0
+    use_designs = bool(cfg.envs) and cfg.designer_share != 0.0
     seen: dict[str, tuple] = {}  # episode_id -> where and what: a repeat trains once, as regret counts it
     for path, line, rec in read_rows(cfg.rollouts, "spade.rollout") if use_rollouts else []:
         assert isinstance(rec, Rollout)
@@ -315,7 +315,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
         episodes.append((group, reward, mine, credit))
         origins["agent"].append((path, line))
 
-    for path, line, rec in read_rows(cfg.designs, ("spade.validation", "spade.design")) if use_designs else []:
+    for path, line, rec in read_rows(cfg.envs, ("spade.validation", "spade.design")) if use_designs else []:
         assert isinstance(rec, Design)
         bump("designer", "designs")
         if not rec.tokens:
@@ -364,7 +364,7 @@ def collect_samples(cfg: UpdateConfig) -> tuple[list[Sample], dict]:
             for s in seqs if k else []:
                 s.advantage = a
                 kept.append(s)
-    for role, given, used in (("agent", cfg.rollouts, use_rollouts), ("designer", cfg.designs, use_designs)):
+    for role, given, used in (("agent", cfg.rollouts, use_rollouts), ("designer", cfg.envs, use_designs)):
         if given and not used:
             counts[role]["left_out"] = "share 0"
     return kept, counts

@@ -107,7 +107,7 @@ def prepare(cfg: UpdateConfig, temperatures: set[float], state: dict | None, bas
     # Stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
     accelerator.register_for_checkpointing(sched)
     snapshots: dict = {}
-    audit = cfg.audit and not cfg.lora
+    audit = cfg.weight_audit and not cfg.lora
     if audit:  # what was served before: the input checkpoint (the masters as loaded), this process's share
         snapshots["served_before"] = masters.snapshot(accelerator, model, trainer_state.serving_dtype(cfg.model))
     counters = {"updates": 0, "optimizer_steps": 0, "base_model": base}
@@ -180,7 +180,7 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
             mb = grpo.collate(chunk, chunk[0], pad_id, "cpu")
             live = torch.tensor([s.sampler_logps is not None for s in chunk])
             mask = mb["mask"] * live[:, None]
-            if cfg.importance_sampling and bool(live.any()):
+            if cfg.tis and bool(live.any()):
                 w, raw = grpo.sampler_correction(mb["old"], mb["sampler"], mask, cfg.tis_mode, cfg.tis_cap,
                                                  cfg.tis_min)
                 sel = (mask > 0) if w.shape == mask.shape else live[:, None]
@@ -188,7 +188,7 @@ def fill_old_logps(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], pad_id
                 raws.append(raw[sel])
             diffs.append((mb["old"] - mb["sampler"]).abs()[mask > 0])
     with_lp = sum(s.sampler_logps is not None for s in samples)
-    stats: dict = {"enabled": cfg.importance_sampling, "mode": cfg.tis_mode, "cap": cfg.tis_cap,
+    stats: dict = {"enabled": cfg.tis, "mode": cfg.tis_mode, "cap": cfg.tis_cap,
                    "cap_min": cfg.tis_min, "rows_with_sampler_logprobs": with_lp,
                    "rows_without_sampler_logprobs": len(samples) - with_lp}
     d = torch.cat(diffs) if diffs else torch.zeros(0)
@@ -258,7 +258,7 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
         start, grad_norms, before = resumed["step"], list(resumed["grad_norms"]), resumed["train_seconds"]
         sums = torch.tensor(resumed["sums"], dtype=torch.float64)
         tr.counters["optimizer_steps"] = resumed["optimizer_steps"]
-    mcl = cfg.max_completion_length or max(len(s.completion_ids) for s in samples)
+    mcl = cfg.dr_grpo_length or max(len(s.completion_ids) for s in samples)
     roles = [s.role for s in samples]
     plan = role_balance.plan(roles, cfg.per_device_train_batch_size, ga, world, cfg.num_iterations, cfg.seed)
     balance = role_balance.step_weights(plan, roles, role_balance.resolve_shares(cfg, set(roles)))
@@ -295,7 +295,7 @@ def train_pass(tr: Trainer, cfg: UpdateConfig, samples: list[Sample], log: Calla
                 c = torch.tensor([0.0 if i is None else scales[i] for i in mbatch], device=acc.device)
                 mask = mb["mask"]
                 is_w = None
-                if cfg.importance_sampling:
+                if cfg.tis:
                     is_w, _ = grpo.sampler_correction(mb["old"], mb["sampler"], mask, cfg.tis_mode, cfg.tis_cap,
                                                       cfg.tis_min)
                 with acc.autocast():
