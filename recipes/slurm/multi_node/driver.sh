@@ -162,7 +162,7 @@ for ((i = 0; i < ITERS; i++)); do
   schedule
   first_eval=0 design=0 play=0
   ((i > 0 || EVAL_EVERY == 0)) || done_ "$eval" || first_eval=1
-  [[ -n "$POOL" ]] || done_ "$designs" || design=1
+  done_ "$designs" || design=1
   shards=$({ compgen -G "$rollout_shards_glob.manifest.json" || true; } | wc -l)
   ((shards >= SHARDS)) || done_ "$scores" || play=1
   if ((!first_eval)) && done_ "$next_ckpt" && { ((!eval_due)) || done_ "$next_eval"; }; then
@@ -172,12 +172,12 @@ for ((i = 0; i < ITERS; i++)); do
   echo "== iteration $i (model: $ckpt; sampler: $sampler)" >&2
   waits=() after=""
   if [[ "$ENGINE" == serve ]]; then   # the fleet serves what this iteration samples, before it samples
-    if ((design)) && [[ "$designer" != "$sampler" ]]; then   # a frozen Designer: the design first, alone
+    if ((design)) && [[ -z "$POOL" && "$designer" != "$sampler" ]]; then   # a frozen Designer: the design first, alone
       fleet_load "$designer" "$i" || exit 1
       design_job && wait_gone "$after" && check_written "iteration $i" "$designs"
       after="" design=0
     fi
-    if ((first_eval || design || play)); then fleet_load "$sampler" "$i" || exit 1; fi
+    if ((first_eval || play)) || [[ "$design$POOL" == 1 ]]; then fleet_load "$sampler" "$i" || exit 1; fi
   elif ((play)) && [[ "$SERVE" == 1 ]]; then
     fleet_up   # starts while design and validate run
   fi
