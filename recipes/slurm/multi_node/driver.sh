@@ -26,16 +26,10 @@ export CONFIG="$SPADE_REPO/recipes/slurm/gpu.toml${CONFIG:+:$CONFIG}" ROLLOUT_SH
 SHARDS="$ROLLOUT_SHARDS" SERVE="${SERVE:-1}" SERVE_NODES="${SERVE_NODES:-4}" UPDATE_NODES="${UPDATE_NODES:-2}"
 ENGINE="${ENGINE:-}" FLEET_ARGS="${FLEET_ARGS:-}" SBATCH_ARGS="${SBATCH_ARGS:-}" POLL_S="${POLL_S:-30}"
 export ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-openai}" SERVER="${SERVER:-vllm}" SERVE_WAIT_S="${SERVE_WAIT_S:-1800}"
-case "$ENGINE" in   # serve: design, rollout and eval sample through the run's fleet
-  "") [[ "$SERVER" != spade ]] || { echo "SERVER=spade is the fleet of ENGINE=serve; set ENGINE=serve" >&2; exit 2; } ;;
-  serve) SERVE=1 SERVER=spade ROLLOUT_BACKEND=openai ;;
-  *) echo "ENGINE must be serve or empty, got '$ENGINE'" >&2; exit 2 ;;
-esac
+# ENGINE=serve: design, rollout and eval sample through the run's fleet of `spade serve` engines
+[[ "$ENGINE" != serve ]] || SERVE=1 SERVER=spade ROLLOUT_BACKEND=openai
 # the update's launcher is update.sbatch's UPDATE_CMD: the plan gives `spade update ...`
 plan() { local out; out="$(UPDATE_CMD=spade spade plan "$@" --shell)" || exit $?; eval "$out"; }
-eval "$(ENGINE= spade plan --print-settings | python3 -c 'import json, shlex, sys
-s = json.load(sys.stdin); print("pool=" + shlex.quote(s["POOL"]), "backend=" + shlex.quote(s["BACKEND"]))')"
-EVAL_BACKEND="${EVAL_BACKEND:-$backend}"   # an evaluation on its own engine, beside the fleet
 plan --start   # the run directory's mode recorded and checked: a run dir holds one loop mode
 ((pipeline == 0 || staleness == 1)) || { echo "the driver pipelines with STALENESS=1 only" >&2; exit 2; }
 export RUN="$run"
@@ -61,8 +55,7 @@ job() {  # NAME [SBATCH OPTIONS...]: the plan's call NAME as a job after $after 
   shift
   after="$(submit ${after:+"--dependency=afterok:$after"} "${opts[@]}" "$@" "$script" "${call[@]}")"
 }
-gone() { [[ -z "$(squeue -h -j "$1" -o %i 2>/dev/null)" ]]; }
-wait_gone() { local j; for j; do while ! gone "$j"; do sleep "$POLL_S"; done; done; }
+wait_gone() { local j; for j; do while [[ -n "$(squeue -h -j "$j" -o %i 2>/dev/null)" ]]; do sleep "$POLL_S"; done; done; }
 check_written() {  # WHAT OUT...: every OUT has its manifest, or the run stops here
   local what=$1 out; shift
   for out; do done_ "$out" || { echo "$what: $out was not written (a job failed; its dependents were" \
@@ -116,7 +109,8 @@ for ((i = 0; i < iters + pipeline; i++)); do
   plan --iteration "$i"
   [[ "$ENGINE" != serve || -z "$url" ]] || BASE_URL="$url" plan --iteration "$i"
   shards=$({ compgen -G "$(arg_of regret --rollouts).manifest.json" || true; } | wc -l)
-  play=0 outs=() waits=() after=""
+  play=0 outs=() waits=() after="" pool=""
+  [[ " ${design[*]} " != *" --pool "* ]] || pool=1   # a pool samples nothing
   ((shards >= SHARDS || ${#regret[@]} == 0)) || done_ "$(out_of regret)" || play=1
   if ((done)) && ! todo eval; then echo "== iteration $i: done" >&2; continue; fi
   ((i == iters)) || echo "== iteration $i (model: $ckpt; sampler: $sampler)" >&2
@@ -128,7 +122,7 @@ for ((i = 0; i < iters + pipeline; i++)); do
     fi
     if todo eval_model || ((play)) || { todo design && [[ -z "$pool" ]]; }; then fleet_load "$sampler" "$i" || exit 1; fi
     [[ "$ENGINE" != serve || "$pipeline" != 1 || "$i" == 0 ]] || \
-      ENGINE= BACKEND="$EVAL_BACKEND" BASE_URL= plan --iteration "$i" --prefix own_   # checkpoint i, not the fleet's
+      ENGINE= BACKEND="${EVAL_BACKEND:-}" BASE_URL= plan --iteration "$i" --prefix own_   # checkpoint i, not the fleet's
   elif ((play)) && [[ "$SERVE" == 1 ]]; then
     fleet_up   # starts while design and validate run
   fi
@@ -138,9 +132,7 @@ for ((i = 0; i < iters + pipeline; i++)); do
     if declare -p own_eval &>/dev/null; then job own_eval "${gpu[@]}"; else job eval "${gen[@]}"; fi
     waits+=("$after") after=""
   fi
-  res=("${gen[@]}")
-  [[ -z "$pool" ]] || res=("${cpu[@]}")   # a pool samples nothing
-  if todo design; then job design "${res[@]}"; fi
+  if todo design && [[ -n "$pool" ]]; then job design "${cpu[@]}"; elif todo design; then job design "${gen[@]}"; fi
   if todo validate; then job validate "${cpu[@]}"; fi
   if todo lp_rollout; then job lp_rollout "${gpu[@]}"; fi   # ema_lp: the checkpoint before, on its own engine
   if ((play)); then
