@@ -83,7 +83,7 @@ fleet_load() {  # CKPT ITERATION: every server of the fleet serves CKPT before a
   until st="$(squeue -h -j "$fleet" -o '%T %D' 2>/dev/null)"; [[ -z "$st" || "$st" == RUNNING* ]]; do sleep "$POLL_S"; done
   [[ -n "$st" ]] || { echo "the fleet (job $fleet) ended; see $log" >&2; return 1; }
   exec {fd}< <(CKPT="$1" ITER="$2" ADDRS="$(paste -sd' ' "$list" 2>/dev/null || true)" srun --jobid="$fleet" --overlap \
-    -N "${st#* }" --ntasks-per-node=1 --kill-on-bad-exit=1 -e "$log" --open-mode=append bash "$HERE/node.sh" </dev/null)
+    -N "${st#* }" --ntasks-per-node=1 --kill-on-bad-exit=1 -e "$log" --open-mode=append bash "$HERE/node.sh" </dev/null 2>>"$log")
   while ((${#lines[@]} < ${st#* })) && read -r -u "$fd" line; do lines+=("$line"); done
   exec {fd}<&-
   ((${#lines[@]} == ${st#* })) || { echo "fleet $fleet: a server could not serve $1; see $log" >&2; return 1; }
@@ -96,7 +96,7 @@ fleet_load() {  # CKPT ITERATION: every server of the fleet serves CKPT before a
 fleet_down() {  # the engines stopped (ENGINE=serve: through their nodes), then the job cancelled
   [[ -n "$fleet" ]] || return 0
   [[ "$SERVER" != spade ]] || srun --jobid="$fleet" --overlap -N "$(squeue -h -j "$fleet" -o %D)" --ntasks-per-node=1 \
-    bash -c 'spade serve --run-dir "$RUN" --server "node-$SLURM_NODEID" --do stop' </dev/null >/dev/null || true
+    bash -c 'spade serve --run-dir "$RUN" --server "node-$SLURM_NODEID" --do stop' </dev/null &>/dev/null || true
   scancel "$fleet" 2>/dev/null || true
   wait_gone "$fleet"
   fleet=""
