@@ -53,6 +53,8 @@ def plan(
     shell: Annotated[bool, typer.Option("--shell", help="Print NAME=VALUE and NAME=(ARGV ...) lines for `eval`.")
                      ] = False,
     prefix: Annotated[str, typer.Option("--prefix", help="With --shell: put this before every name.")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the default without --shell).")
+                       ] = False,
 ) -> None:
     """Give the commands of one iteration of the loop, as the run's settings and files have it.
 
@@ -91,6 +93,8 @@ def plan(
         raise UsageError("pass --iteration I, --start or --print-settings")
     else:
         out = schedule.iteration(s, layout, iteration, shard=shard_t)
+    if shell and as_json:
+        raise UsageError("--shell or --json, not both")
     print(_shell(out, prefix) if shell else json.dumps(out, indent=1))
 
 
