@@ -59,7 +59,7 @@ def plan(
     """Give the commands of one iteration of the loop, as the run's settings and files have it.
 
     The settings: the defaults, then the settings file(s), then environment variables of the same
-    names in upper case (MODEL, RUN, ITERS, N_ENVS, ..., DESIGN_ARGS; docs/pipeline.md). Every
+    names in upper case (MODEL, RUN, ITERS, N_ENVS, ..., DESIGN_ARGS; docs/cli.md). Every
     stage call comes as a complete argv, empty when there is nothing to run: which checkpoint
     samples, eval points, staleness, replay, retention and the server are decided here, once.
     Example: [bold]MODEL=ckpt/tiny RUN=runs/demo spade plan -i 0 --json[/]; in a recipe
