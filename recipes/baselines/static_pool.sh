@@ -14,9 +14,10 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUN="${RUN:-runs/base_static}" POOL_SIZE="${POOL_SIZE:-480}" SPADE="${SPADE:-spade}"
 [[ "${PRINT_SETTINGS:-0}" != 1 ]] || POOL="static:$POOL_SIZE" exec "$SPADE" plan --print-settings
-out="$(RUN="$RUN/pool" N_ENVS="$POOL_SIZE" POOL="" MEMORY=0 PIPELINE=0 "$SPADE" plan --iteration 0 --shell)"
+out="$(RUN="$RUN/pool" ITERS=1 N_ENVS="$POOL_SIZE" POOL="" MEMORY=0 PIPELINE=0 "$SPADE" plan --iteration 0 --shell)"
 eval "$out"
 echo "== static pool: RUN=$RUN POOL_SIZE=$POOL_SIZE MODEL=$designer" >&2
+mkdir -p "$RUN/pool/iter_0000"
 "${design[@]}"
 "${validate[@]}"
 # only the valid environments form the pool
