@@ -8,7 +8,8 @@
 #
 # The settings (MODEL, RUN, ITERS, N_ENVS, K, ..., DESIGN_ARGS) are declared once, with their
 # defaults, in spade_cli/core/settings.py: a settings file (CONFIG, TOML) and environment variables of
-# the same names set them (docs/pipeline.md, "Settings"); PRINT_SETTINGS=1 prints them and exits.
+# the same names set them (docs/cli.md, "The loop's settings and schedule"); PRINT_SETTINGS=1 prints
+# them and exits.
 # `spade plan` holds the schedule (which checkpoint samples, eval points, ema_lp, replay, retention,
 # the server's loads) and gives each iteration's stage calls, empty where there is nothing to run.
 #

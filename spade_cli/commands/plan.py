@@ -39,14 +39,27 @@ def plan(
         "Print the settings an experiment cell records (its settings.json) and exit."))] = False,
     settings_files: Annotated[list[Path] | None, typer.Option("--settings", help=(
         "A settings file (TOML); repeatable, later ones win (default: $CONFIG, ':'-separated).")) ] = None,
+    arms: Annotated[str | None, typer.Option("--arms", help=(
+        "An experiment's arms (space-separated): print its cells, 'CELL ARM SEED RUN RECIPE' a line, "
+        "and exit (recipes/experiment.sh)."), rich_help_panel="Experiment cells")] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="With --arms: the seeds.",
+                                       rich_help_panel="Experiment cells")] = "0 1 2",
+    exp: Annotated[str, typer.Option("--exp", help="With --arms: the experiment directory.",
+                                     rich_help_panel="Experiment cells")] = "runs/exp",
+    cell: Annotated[str, typer.Option("--cell", help="With --arms: only this cell (0-based).",
+                                      rich_help_panel="Experiment cells")] = "",
+    recipes: Annotated[Path, typer.Option("--recipes", help="With --arms: the recipes directory.",
+                                          rich_help_panel="Experiment cells")] = Path("recipes"),
     shell: Annotated[bool, typer.Option("--shell", help="Print NAME=VALUE and NAME=(ARGV ...) lines for `eval`.")
                      ] = False,
     prefix: Annotated[str, typer.Option("--prefix", help="With --shell: put this before every name.")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the default without --shell).")
+                       ] = False,
 ) -> None:
     """Give the commands of one iteration of the loop, as the run's settings and files have it.
 
     The settings: the defaults, then the settings file(s), then environment variables of the same
-    names in upper case (MODEL, RUN, ITERS, N_ENVS, ..., DESIGN_ARGS; docs/pipeline.md). Every
+    names in upper case (MODEL, RUN, ITERS, N_ENVS, ..., DESIGN_ARGS; docs/cli.md). Every
     stage call comes as a complete argv, empty when there is nothing to run: which checkpoint
     samples, eval points, staleness, replay, retention and the server are decided here, once.
     Example: [bold]MODEL=ckpt/tiny RUN=runs/demo spade plan -i 0 --json[/]; in a recipe
@@ -58,6 +71,10 @@ def plan(
     from spade_cli.core.errors import UsageError
     from spade_cli.core.layout import RunLayout, parse_shard
 
+    if arms is not None:
+        for row in settings.cells(arms.split(), seeds.split(), exp, recipes, cell):
+            print(*row)
+        return
     s = settings.resolve(os.environ, settings_files or None)
     if print_settings:
         print(json.dumps(settings.recorded(s), indent=1))
@@ -76,6 +93,8 @@ def plan(
         raise UsageError("pass --iteration I, --start or --print-settings")
     else:
         out = schedule.iteration(s, layout, iteration, shard=shard_t)
+    if shell and as_json:
+        raise UsageError("--shell or --json, not both")
     print(_shell(out, prefix) if shell else json.dumps(out, indent=1))
 
 

@@ -191,3 +191,30 @@ def model_of(settings: Mapping) -> str:
 
 def from_environ() -> dict:
     return resolve(os.environ)
+
+
+def arm_recipe(arm: str, recipes: Path) -> Path:
+    """What runs an experiment's arm: recipes/loop.sh (``spade``), its settings file
+    (recipes/ablations/NAME.env, recipes/baselines/NAME.env) or its script (recipes/baselines/NAME.sh)."""
+    if arm == "spade":
+        return recipes / "loop.sh"
+    for path in (recipes / "ablations" / f"{arm}.env", recipes / "baselines" / f"{arm}.env",
+                 recipes / "baselines" / f"{arm}.sh"):
+        if path.is_file():
+            return path
+    known = sorted({p.stem for d in ("ablations", "baselines") for p in (recipes / d).glob("*.[es][nh]*")})
+    raise UsageError(f"experiment.sh: unknown arm {arm!r} (known: spade {' '.join(known)})")
+
+
+def cells(arms: list[str], seeds: list[str], exp: str, recipes: Path, cell: str = "") -> list[tuple]:
+    """The cells of an experiment: cell c is arm c // len(seeds) with seed c % len(seeds), in
+    EXP/ARM/seed_S, as (c, arm, seed, run, recipe); ``cell`` picks one (a Slurm array task)."""
+    if not arms or not seeds:
+        raise UsageError("experiment.sh: ARMS and SEEDS must not be empty")
+    recipe = {arm: arm_recipe(arm, recipes) for arm in arms}  # every name is checked before any work
+    n = len(arms) * len(seeds)
+    if cell and (not cell.isdigit() or int(cell) >= n):
+        raise UsageError(f"experiment.sh: CELL={cell}, not in 0..{n - 1}")
+    picked = [int(cell)] if cell else range(n)
+    return [(c, arms[c // len(seeds)], seeds[c % len(seeds)], f"{exp}/{arms[c // len(seeds)]}/seed_{seeds[c % len(seeds)]}",
+             recipe[arms[c // len(seeds)]]) for c in picked]
