@@ -7,6 +7,10 @@
 #
 #   MODEL=/ckpts/Qwen3-8B RUN=runs/big ITERS=400 SHARDS=16 SERVE_NODES=4 UPDATE_NODES=2 \
 #     SITE_ENV=recipes/slurm/site.env bash recipes/slurm/multi_node/driver.sh
+#   # CPU (the Slurm test tier): a `transformers serve` fleet on 127.0.0.1, hf elsewhere
+#   MODEL=ckpt/tiny RUN=runs/cpu POOL=starter ITERS=2 SHARDS=2 SERVE_NODES=1 UPDATE_NODES=1 BACKEND=hf \
+#     SERVER=transformers SERVE_HOST=127.0.0.1 SERVE_ARGS="--device cpu --dtype float32" UPDATE_CMD=spade \
+#     UPDATE_ARGS= SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=1" bash recipes/slurm/multi_node/driver.sh
 #   # ENGINE=serve: one `spade serve` fleet for the run, each checkpoint loaded into its engines
 #   ENGINE=serve FLEET_ARGS=--time=7-00:00:00 MODEL=/ckpts/Qwen3-8B ... bash recipes/slurm/multi_node/driver.sh
 #
