@@ -5,7 +5,7 @@ What is measured is the schedule of the two loop scripts, not the stages: both r
 ``SPADE`` and ``UPDATE_CMD`` pointing at a stand-in script (bash: starting Python would cost more
 than a short stage). A stand-in stage sleeps for a set time and writes its ``--out`` (and
 ``--memory-out``, ``--replay-out``) with a manifest, so the loops' restart checks see finished
-work; ``spade paths`` is answered from tables written beforehand by the real ``spade_cli.core.layout``. Generation (design + validate + rollout + regret) and the update take
+work; ``spade plan`` is the real one, which gives both loops their stage calls. Generation (design + validate + rollout + regret) and the update take
 ``--gen-s`` and ``--train-s`` seconds per iteration (equal by default, the case the pipelined
 loop is built for: on one node, generation and training on separate GPUs). Sleeping stand-ins
 leave the CPU free, as GPU stages would.
@@ -39,20 +39,13 @@ GEN_SHARE = {"design": 0.25, "validate": 0.05, "rollout": 0.6, "regret": 0.1}
 
 
 # The stand-in `spade`, in bash: a Python start costs more than a short stage on a loaded machine.
-# `paths` prints tables written beforehand from spade_cli.core.layout (the one place that derives paths).
+# `plan` is the real one (this interpreter's spade_cli): the schedule under measure.
 STAND_IN = r"""#!/usr/bin/env bash
 set -euo pipefail
+[[ $1 != plan ]] || exec {PYTHON} -m spade_cli "$@"
 cmd=$1; shift
-run=${1:-}; run=${run##*/}
 declare -A opt=()
 while (($#)); do [[ "$1" == --* && $# -gt 1 ]] && opt[$1]=$2; shift; done
-if [[ $cmd == paths ]]; then
-  while IFS= read -r line; do
-    if [[ -z ${opt[--key]:-} ]]; then echo "$line"; elif [[ $line == "${opt[--key]}="* ]]; then
-      line=${line#*=}; echo "${line//\'/}"; fi
-  done <"$BENCH_TABLES/$run-${opt[--iteration]:-0}"
-  exit 0
-fi
 case $cmd in
   update) sleep "$BENCH_TRAIN_S" ;;
   design) sleep "$BENCH_DESIGN_S" ;; validate) sleep "$BENCH_VALIDATE_S" ;;
@@ -65,17 +58,7 @@ for flag in --out --memory-out --replay-out; do
   if [[ $cmd == update ]]; then mkdir -p "$out"; else : >"$out"; fi
   echo "{\"stage\": \"$cmd\"}" >"$out.manifest.json"
 done
-"""
-
-
-def write_tables(tables: Path, runs: list[Path], iters: int) -> None:
-    from spade_cli.core.layout import RunLayout
-
-    tables.mkdir()
-    for run in runs:
-        for i in range(iters + 2):
-            rows = RunLayout(run).as_dict(i)
-            (tables / f"{run.name}-{i}").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in rows.items()))
+""".replace("{PYTHON}", shlex.quote(sys.executable))
 
 
 def timed_loop(work: Path, spade: Path, iters: int, pipelined: bool) -> float:
@@ -101,8 +84,7 @@ def main() -> None:
         spade = work / "spade"
         spade.write_text(STAND_IN)
         spade.chmod(spade.stat().st_mode | stat.S_IXUSR)
-        write_tables(work / "tables", [work / "sequential", work / "pipelined"], args.iters)
-        os.environ.update(BENCH_TABLES=str(work / "tables"), BENCH_TRAIN_S=str(args.train_s),
+        os.environ.update(BENCH_TRAIN_S=str(args.train_s),
                           **{f"BENCH_{k.upper()}_S": str(args.gen_s * v) for k, v in GEN_SHARE.items()})
         seq = timed_loop(work, spade, args.iters, pipelined=False)
         pipe = timed_loop(work, spade, args.iters, pipelined=True)

@@ -25,7 +25,7 @@ app = typer.Typer(
 
 # The order of `spade --help`: the loop's stages in pipeline order, then the helpers.
 COMMANDS = ["design", "validate", "rollout", "regret", "update", "eval",
-            "serve", "prune", "warmstart", "init_model", "doctor", "inspect", "paths", "report", "compare"]
+            "serve", "prune", "warmstart", "init_model", "doctor", "inspect", "paths", "plan", "report", "compare"]
 
 for _name in COMMANDS:
     importlib.import_module(f"spade_cli.commands.{_name}").register(app)

@@ -86,7 +86,7 @@ def test_the_static_pool_is_designed_with_the_main_arms_settings(tmp_path):
     log = tmp_path / "calls.log"
     fake = tmp_path / "spade"
     fake.write_text(f"""#!/usr/bin/env bash
-[[ "$1" == paths ]] && exec spade "$@"  # the run layout is the real one's
+[[ "$1" == plan ]] && exec spade "$@"  # the schedule is the real one's
 echo "$*" >> {log}
 out=""
 while (($#)); do [[ "$1" == --out ]] && out="$2"; shift; done

@@ -59,6 +59,8 @@ RUNS: list[tuple[str, bool]] = [
     ("spade paths runs/demo -i 3 --key validated", True),
     ('eval "$(spade paths runs/demo -i 3 --shell)"', True),
     ("spade paths runs/demo -i 3 --shard 2/16 --key rollout_shard", True),
+    ("MODEL=ckpt/tiny RUN=runs/demo spade plan -i 0 --json", True),
+    ('eval "$(MODEL=ckpt/tiny RUN=runs/demo spade plan -i 0 --shell)"', True),
     ("spade doctor", True),
     ("spade doctor --json | jq .tier", True),
     ("spade report runs/demo", False),
@@ -73,6 +75,7 @@ NOT_RUNNABLE = {
 }
 # What an example promises beyond its exit status, checked in the same shell right after it.
 THEN = {'eval "$(spade paths runs/demo -i 3 --shell)"': 'test -n "$designs" -a -n "$memory" -a -n "$next_ckpt"',
+        'eval "$(MODEL=ckpt/tiny RUN=runs/demo spade plan -i 0 --shell)"': 'test "$iteration" = 0 -a -n "$log"',
         "spade doctor --json | jq .tier": "spade doctor --json | jq -e .tier"}
 # warmstart's example names the 13M-parameter model of the quickstart; the tiny one stands in.
 SUBSTITUTE = {"ckpt/small": "ckpt/tiny"}

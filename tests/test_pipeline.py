@@ -119,8 +119,7 @@ def _schedule(tmp_path: Path, keep: tuple[str, ...] = ("rollout", "update", "eva
     trace = 'echo "$cmd ${opt[--model]:--} ${opt[--out]:--}" >>"$TRACE"\ncase $cmd in'
     spade.write_text(bench.STAND_IN.replace("case $cmd in", trace, 1))
     spade.chmod(0o755)
-    bench.write_tables(tmp_path / "tables", [tmp_path / "run"], int(env["ITERS"]))
-    environ = {**os.environ, "BENCH_TABLES": str(tmp_path / "tables"), "BENCH_TRAIN_S": "0",
+    environ = {**os.environ, "BENCH_TRAIN_S": "0",
                **{f"BENCH_{k.upper()}_S": "0" for k in bench.GEN_SHARE}, "TRACE": str(tmp_path / "trace"),
                "SPADE": str(spade), "UPDATE_CMD": str(spade), "MODEL": "base", "RUN": str(tmp_path / "run"), **env}
     res = subprocess.run(["bash", str(REPO / "recipes" / "loop.sh")], env=environ, capture_output=True, text=True,

@@ -66,8 +66,8 @@ def test_a_value_outside_a_literal_is_refused_for_library_callers_too() -> None:
 
 
 def test_the_literals_are_what_the_trainer_accepts() -> None:
-    from spade_cli.training import grpo
     from spade_cli.training import config as update_config
+    from spade_cli.training import grpo
 
     assert typing.get_args(update_config.LossType) == grpo.LOSS_TYPES
     assert typing.get_args(update_config.Scale) == grpo.SCALES
