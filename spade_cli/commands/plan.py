@@ -37,7 +37,7 @@ def plan(
         "update read every shard."))] = None,
     print_settings: Annotated[bool, typer.Option("--print-settings", help=(
         "Print the settings an experiment cell records (its settings.json) and exit."))] = False,
-    settings_files: Annotated[list[Path] | None, typer.Option("--settings", help=(
+    settings: Annotated[list[Path] | None, typer.Option("--settings", help=(
         "A settings file (TOML); repeatable, later ones win (default: $CONFIG, ':'-separated).")) ] = None,
     arms: Annotated[str | None, typer.Option("--arms", help=(
         "An experiment's arms (space-separated): print its cells, 'CELL ARM SEED RUN RECIPE' a line, "
@@ -67,20 +67,19 @@ def plan(
     """
     import os
 
-    from spade_cli.core import run_settings as settings
-    from spade_cli.core import schedule
+    from spade_cli.core import run_settings, schedule
     from spade_cli.core.errors import UsageError
     from spade_cli.core.layout import RunLayout, parse_shard
 
     if arms is not None:
-        for row in settings.cells(arms.split(), seeds.split(), exp, recipes, cell):
+        for row in run_settings.cells(arms.split(), seeds.split(), exp, recipes, cell):
             print(*row)
         return
-    s = settings.resolve(os.environ, settings_files or None)
+    s = run_settings.resolve(os.environ, settings or None)
     if print_settings:
-        print(json.dumps(settings.recorded(s), indent=1))
+        print(json.dumps(run_settings.recorded(s), indent=1))
         return
-    settings.model_of(s)
+    run_settings.model_of(s)
     try:
         shard_t = parse_shard(shard) if shard else None
     except ValueError as exc:
