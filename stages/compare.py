@@ -45,7 +45,7 @@ BUDGET_ROWS = [("episodes", "Agent episodes / iteration"), ("agent_tokens", "Age
 MARK = "†"
 # The knobs that define an arm (recipes/experiment.sh) and the seed: allowed to differ between runs.
 ARM_KNOBS = frozenset({"POOL", "FROZEN_DESIGNER", "SIGNAL", "GROUNDING", "MEMORY", "SEED"})
-SETTINGS = "settings.json"  # what recipes/experiment.sh stores per run (loop.sh PRINT_SETTINGS=1)
+SETTINGS = "settings.json"  # what recipes/experiment.sh stores per run (`spade plan --print-settings`)
 
 
 def _is_run(path: Path) -> bool:

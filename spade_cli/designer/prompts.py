@@ -3,7 +3,7 @@
 The prompt is two chat messages. The system message states the environment contract (docs/architecture.md, 'The environment contract')
 and the output format. The user message carries one worked example (an environment from the
 bundled pool with its hint), the grounding document (or, for the ``--no-grounding`` ablation, an
-invitation to pick any domain), the memory summary (or nothing, for ``--no-memory``), and the
+invitation to pick any domain), the memory summary (or nothing, without ``--memory``), and the
 request. Everything is plain text, so any chat model can be the Designer.
 
 The memory summary tells the Designer how the learner did on past environments, labelled with
