@@ -116,7 +116,8 @@ for ((i = 0; i < iters + pipeline; i++)); do
   play=0 outs=() waits=() after="" pool=""
   [[ " ${design[*]} " != *" --pool "* ]] || pool=1   # a pool samples nothing
   ((shards >= SHARDS || ${#regret[@]} == 0)) || done_ "$(out_of regret)" || play=1
-  if ((done)) && ! todo eval; then echo "== iteration $i: done" >&2; continue; fi
+  # (pipelined: not while the update of the iteration before is still pending, which is waited for below)
+  if ((done && ${#pending[@]} == 0)) && ! todo eval; then echo "== iteration $i: done" >&2; continue; fi
   ((i == iters)) || echo "== iteration $i (model: $ckpt; sampler: $sampler)" >&2
   if [[ "$ENGINE" == serve ]]; then   # the fleet serves what this iteration samples, before it samples
     if todo design && [[ -z "$pool" && "$designer" != "$sampler" ]]; then   # a frozen Designer: first, alone
