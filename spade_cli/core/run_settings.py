@@ -16,7 +16,6 @@ The Qwen3 sampling defaults of the Designer, the Agent and the evaluation are wr
 
 from __future__ import annotations
 
-import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -187,10 +186,6 @@ def model_of(settings: Mapping) -> str:
     if not settings.get("model"):
         raise UsageError("set MODEL to the initial checkpoint (a local directory or a hub id)")
     return str(settings["model"])
-
-
-def from_environ() -> dict:
-    return resolve(os.environ)
 
 
 def arm_recipe(arm: str, recipes: Path) -> Path:

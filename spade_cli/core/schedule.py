@@ -37,6 +37,7 @@ import shlex
 import subprocess
 from collections.abc import Callable, Mapping
 
+from spade_cli.core.artifacts import atomic_write_text, manifest_path
 from spade_cli.core.errors import UsageError
 from spade_cli.core.layout import RunLayout
 
@@ -62,10 +63,7 @@ def check_mode(s: Mapping, layout: RunLayout) -> str:
                          f"(PIPELINE={int(s['pipeline'])} STALENESS={s['staleness']}): the two never mix in one run "
                          "directory; use another RUN or the same settings")
     if not path.exists():
-        layout.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(mode + "\n")
-        tmp.replace(path)
+        atomic_write_text(path, mode + "\n")
     return mode
 
 
@@ -250,7 +248,7 @@ def iteration(s: Mapping, layout: RunLayout, i: int, *, shard: tuple[int, int] |
     ``done``, ``eval_due``, ``log`` (and pipelined ``updated``, ``log_update``; ``wait_shards``).
 
     ``done(path)``: the output's manifest exists (default: on disk); ``exists(path)``: the file does."""
-    done = done or (lambda path: os.path.exists(f"{path}.manifest.json"))
+    done = done or (lambda path: manifest_path(path).exists())
     exists = exists or os.path.exists
     it = _Iteration(s, layout, i, done, exists, shard)
     iters, p = s["iters"], it.p
