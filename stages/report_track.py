@@ -38,8 +38,7 @@ from spade_cli.core.artifacts import SpadeError, atomic_write_text
 from spade_cli.core.errors import UsageError
 from spade_cli.core.layout import RunLayout
 
-TRACKERS = ("tensorboard", "wandb", "trackio")
-MODULE = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}  # what each needs installed
+TRACKERS = ("tensorboard", "wandb", "trackio")  # each the name of its package and of spade's extra
 
 
 def parse_report_to(value: str | None) -> list[str]:
@@ -57,8 +56,8 @@ def parse_report_to(value: str | None) -> list[str]:
 def check_installed(trackers: list[str]) -> None:
     """Before any work: a tracker whose library is missing is named with the extra that installs it."""
     for name in trackers:
-        if importlib.util.find_spec(MODULE[name]) is None:
-            raise SpadeError(f"--report-to {name}: the {MODULE[name]} package is not installed; "
+        if importlib.util.find_spec(name) is None:
+            raise SpadeError(f"--report-to {name}: the {name} package is not installed; "
                              f"pip install 'spade[{name}]'")
 
 
