@@ -13,11 +13,12 @@
 # EXP/ARM/seed_S (`spade plan --arms` lists them); CELL=c runs that cell alone (a Slurm array task),
 # otherwise every cell runs in turn and `spade compare EXP` writes EXP/compare/ at the end.
 #
-# Controls: the settings that define an arm (POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY) are cleared
-# from the environment of each cell, so arms differ only by their file; every other setting (MODEL,
-# ITERS, N_ENVS, K, ..., the experiment's own CONFIG file) is the same for every arm. Each cell's
-# resolved settings are written to EXP/ARM/seed_S/settings.json before it runs (`spade plan
-# --print-settings`): two arms' files differ only in their arm's settings (docs/report.md).
+# Controls: the settings that define an arm (POOL FROZEN_DESIGNER SIGNAL GROUNDING MEMORY) come only
+# from the arms' files (one set in the environment is refused; a value for every arm goes in CONFIG),
+# so arms differ only by their file; every other setting (MODEL, ITERS, N_ENVS, K, ..., the
+# experiment's own CONFIG file) is the same for every arm. Each cell's resolved settings are
+# written to EXP/ARM/seed_S/settings.json before it runs (`spade plan --print-settings`): two arms'
+# files differ only in their arm's settings (docs/report.md).
 #
 # Restartable: each cell is loop.sh, which resumes at its first incomplete stage. A finished cell
 # copies its settings.json to experiment.done; a rerun with the same settings skips it without walking

@@ -62,13 +62,12 @@ INTENDED = {"static_pool": {"POOL": "static:480"}, "hand_curated": {"POOL": "bun
 @pytest.mark.integration
 def test_every_arm_reads_the_same_settings_and_differs_only_in_its_knob(tmp_path):
     res = _experiment(tmp_path, DRY_RUN="settings", ARMS="spade " + " ".join(INTENDED), SEEDS="0",
-                      MODEL="org/model", CORPUS="my/corpus", N_ENVS="6", SIGNAL="learnability")
+                      MODEL="org/model", CORPUS="my/corpus", N_ENVS="6")
     assert res.returncode == 0, res.stderr
     cells = {arm: json.loads((tmp_path / "exp" / arm / "seed_0" / "settings.json").read_text())
              for arm in ["spade", *INTENDED]}
     ref = cells["spade"]
-    # the shared settings, the Qwen3 thinking defaults included, reach every arm; a stray arm knob
-    # in the environment (SIGNAL) reaches none
+    # the shared settings, the Qwen3 thinking defaults included, reach every arm
     assert ref["MODEL"] == "org/model" and ref["CORPUS"] == "my/corpus" and ref["N_ENVS"] == "6"
     assert "--thinking" in ref["DESIGN_ARGS"] and "--think-tokens" in ref["ROLLOUT_ARGS"]
     assert ref["SIGNAL"] == "regret" and ref["POOL"] == ""
@@ -77,6 +76,22 @@ def test_every_arm_reads_the_same_settings_and_differs_only_in_its_knob(tmp_path
         assert diff == knobs, arm
         assert cells[arm].keys() == ref.keys()
     assert not list((tmp_path / "exp").rglob("*.jsonl"))  # settings only: nothing ran
+
+
+@pytest.mark.integration
+def test_an_arm_setting_for_every_arm_goes_in_the_config_file_not_the_environment(tmp_path):
+    # in the environment it would be cleared from every cell: refused, naming the way that works
+    stray = _experiment(tmp_path, DRY_RUN="1", ARMS="spade no_memory", SEEDS="0", GROUNDING="0")
+    assert stray.returncode == 2 and "GROUNDING=0" in stray.stderr and "CONFIG" in stray.stderr, stray.stderr
+    assert not (tmp_path / "exp").exists()
+    (tmp_path / "exp.toml").write_text("grounding = false\n")
+    res = _experiment(tmp_path, DRY_RUN="settings", ARMS="spade no_memory", SEEDS="0", MODEL="org/model",
+                      CONFIG="exp.toml")
+    assert res.returncode == 0, res.stderr
+    cells = {arm: json.loads((tmp_path / "exp" / arm / "seed_0" / "settings.json").read_text())
+             for arm in ("spade", "no_memory")}
+    assert cells["spade"]["GROUNDING"] == cells["no_memory"]["GROUNDING"] == "0"
+    assert (cells["spade"]["MEMORY"], cells["no_memory"]["MEMORY"]) == ("1", "0")  # the arm's file still wins
 
 
 @pytest.mark.integration

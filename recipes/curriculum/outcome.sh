@@ -27,9 +27,9 @@ suite="$ROOT/heldout/validated.jsonl"
 spade design --pool space-heldout --n 6 --out "$ROOT/heldout/designs.jsonl"
 spade validate --designs "$ROOT/heldout/designs.jsonl" --out "$suite"
 export MODEL="$ROOT/seed0/model/warm" ITERS N_ENVS K MAX_TURNS GROUP=4 BUDGET_PAIRS=$((N_ENVS * K)) \
-  BACKEND=hf GROUNDING=0 REPLAY=0 EVAL_EVERY="$ITERS" EVAL_TASKS="envs:$suite" \
+  BACKEND=hf REPLAY=0 EVAL_EVERY="$ITERS" EVAL_TASKS="envs:$suite" \
   EVAL_ARGS="--seed 1000 --k $EVAL_K --max-turns $MAX_TURNS --max-tokens 16 --temperature 1.0" \
   DESIGN_ARGS="$SPEC_DESIGN_ARGS" \
   ROLLOUT_ARGS="--max-tokens 16" \
   UPDATE_ARGS="--learning-rate $LR --agent-credit turn --turn-gamma 0 --agent-episodes both"
-EXP="$ROOT/outcome" ARMS="$ARMS" SEEDS="$SEEDS" bash recipes/experiment.sh
+CONFIG="recipes/curriculum/outcome.toml" EXP="$ROOT/outcome" ARMS="$ARMS" SEEDS="$SEEDS" bash recipes/experiment.sh

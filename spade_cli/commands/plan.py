@@ -72,7 +72,7 @@ def plan(
     from spade_cli.core.layout import RunLayout, parse_shard
 
     if arms is not None:
-        for row in run_settings.cells(arms.split(), seeds.split(), exp, recipes, cell):
+        for row in run_settings.cells(arms.split(), seeds.split(), exp, recipes, cell, os.environ):
             print(*row)
         return
     s = run_settings.resolve(os.environ, settings or None)

@@ -201,11 +201,19 @@ def arm_recipe(arm: str, recipes: Path) -> Path:
     raise UsageError(f"experiment.sh: unknown arm {arm!r} (known: spade {' '.join(known)})")
 
 
-def cells(arms: list[str], seeds: list[str], exp: str, recipes: Path, cell: str = "") -> list[tuple]:
+def cells(arms: list[str], seeds: list[str], exp: str, recipes: Path, cell: str = "",
+          env: Mapping[str, str] | None = None) -> list[tuple]:
     """The cells of an experiment: cell c is arm c // len(seeds) with seed c % len(seeds), in
-    EXP/ARM/seed_S, as (c, arm, seed, run, recipe); ``cell`` picks one (a Slurm array task)."""
+    EXP/ARM/seed_S, as (c, arm, seed, run, recipe); ``cell`` picks one (a Slurm array task).
+    An arm's own settings (``ARM``) come only from its file, so experiment.sh clears them from each
+    cell's environment: one set in ``env`` would be dropped from every arm, and is refused."""
     if not arms or not seeds:
         raise UsageError("experiment.sh: ARMS and SEEDS must not be empty")
+    stray = [f"{name.upper()}={env[name.upper()]}" for name in ARM if (env or {}).get(name.upper())]
+    if stray:
+        raise UsageError(f"experiment.sh: {' '.join(stray)} is set in the environment, but an arm's own settings "
+                         f"({', '.join(n.upper() for n in ARM)}) come only from its file, so no arm would see it: "
+                         f"put it in the experiment's CONFIG file, which every arm reads before its own")
     recipe = {arm: arm_recipe(arm, recipes) for arm in arms}  # every name is checked before any work
     n = len(arms) * len(seeds)
     if cell and (not cell.isdigit() or int(cell) >= n):
