@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_spade
 
 pytestmark = pytest.mark.slow
 TINY = {"SIZE": "tiny", "WARM_EPOCHS": "1", "SOLVER_SEEDS": "1", "MAX_TURNS": "2", "K": "1", "PROBE_K": "1",
@@ -26,6 +26,13 @@ def _recipe(name: str, root: Path, **env: str) -> subprocess.CompletedProcess:
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     return res
+
+
+def _space_env(name: str) -> str:
+    """A variable of recipes/curriculum/space.env, as the recipes source it."""
+    res = subprocess.run(["bash", "-c", f'source recipes/curriculum/space.env && printf %s "${name}"'],
+                         capture_output=True, text=True, cwd=REPO, check=True)
+    return res.stdout
 
 
 def _summarize(mode: str, root: Path) -> str:
@@ -56,6 +63,22 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="2", N_ENVS="4")  # finished: all up to date
     assert "up to date" in again.stderr
 
+    # every Designer checkpoint of the regret arm on one fixed prompt set, played by the frozen Agent
+    run = root / "seed0" / "steering" / "regret"
+    probe = {"RUN": str(run), "MODEL": str(root / "seed0" / "model" / "warm"), "N": "4", "K": "1",
+             "DESIGN_ARGS": _space_env("SPEC_DESIGN_ARGS"), "ROLLOUT_ARGS": "--max-tokens 16"}
+    _recipe("../designer_probe.sh", root, **probe)
+    prompts = [[r["messages"] for r in map(json.loads, (run / "designer_probe" / f"iter_{i:04d}" / "designs.jsonl")
+                                           .read_text().splitlines())] for i in range(3)]
+    assert prompts[0] == prompts[1] == prompts[2]  # the same prompts for the start and both checkpoints
+    assert "Environment memory:" not in json.dumps(prompts[0])  # no memory: the prompts of no iteration of the run
+    assert "up to date" in _recipe("../designer_probe.sh", root, **probe).stderr
+    res = run_spade("report", run)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "report" / "iterations.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows if "probe_valid_rate" in r] == [0, 1, 2]
+    assert (run / "report" / "designer_probe.png").exists()
+
     _recipe("outcome.sh", root, ARMS="spade space_pool", SEEDS="0", ITERS="1", N_ENVS="4", EVAL_K="1")
     compare = root / "outcome" / "compare"
     assert compare.is_dir() and any(compare.iterdir())
@@ -63,7 +86,14 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     suite = [json.loads(line) for line in (root / "heldout" / "validated.jsonl").read_text().splitlines()]
     held = {(r["spec"]["rule"], r["spec"]["level"]) for r in suite}
     for arm in ("spade", "space_pool"):
-        for path in (root / "outcome" / arm / "seed_0").glob("iter_*/validated.jsonl"):
+        # the warm start never saw a corpus document: no arm's Designer prompt may hold one, though
+        # experiment.sh clears an arm's settings from the environment
+        cell = root / "outcome" / arm / "seed_0"
+        assert json.loads((cell / "settings.json").read_text())["GROUNDING"] == "0", arm
+        if arm == "spade":  # the pool arm's designs come from the pool, no prompt involved
+            designs = list(cell.glob("iter_*/designs.jsonl.manifest.json"))
+            assert designs and all(json.loads(p.read_text())["config"]["grounding"] is False for p in designs)
+        for path in cell.glob("iter_*/validated.jsonl"):
             played = {(r["spec"]["rule"], r["spec"]["level"]) for r in map(json.loads, path.read_text().splitlines())
                       if r.get("spec")}
             assert not played & held, (arm, played & held)

@@ -290,3 +290,37 @@ def test_curriculum_diagnostics_of_a_real_iteration_with_a_fixed_set(tiny_model:
     qs = [row[f"regret_p{q}"] for q in (10, 25, 50, 75, 90)]
     assert qs == sorted(qs) and 0.0 <= row["share_ci_above_0"] <= 1.0
     assert "frontier" not in row  # the pool's envs carry no spec
+
+
+@pytest.mark.integration
+def test_designer_probe_columns_hold_hand_computed_values(spec_run: Path) -> None:
+    """Checkpoints 0 and 3 on the fixed prompt set (recipes/designer_probe.sh's files): their
+    figures land in the checkpoint's row, prefixed probe_, and row 3 exists through its probe alone."""
+    from spade_cli.core.layout import RunLayout
+
+    lay = RunLayout(spec_run)
+    p0, p3 = lay.designer_probe(0), lay.designer_probe(3)
+    # checkpoint 0: two valid designs of three (levels 1 and 3); e1 learnable with its interval above
+    # 0 (regret 1.0 - 0.2), e2 no signal (regret 0.1 +- 0.3); the invalid one has no figures
+    _jsonl(p0 / "validated.jsonl", [_spec_val(0, "e1", 1), _spec_val(0, "e2", 3), _spec_val(0, "e3", 2, False)])
+    _jsonl(p0 / "scores.jsonl", [_scored("e1", 0.0, 1.0, 0.2), _scored("e2", 0.5, 0.6, 0.3),
+                                 _scored("e3", None, None, None, valid=False)])
+    # checkpoint 3: one valid design the Agent solves unhinted (too easy); validated but not yet
+    # scored would leave no row 3, so both files are written
+    _jsonl(p3 / "validated.jsonl", [_spec_val(0, "e9", 2)])
+    _jsonl(p3 / "scores.jsonl", [_scored("e9", 0.9, 0.9, None)])
+    proc = run_spade("report", spec_run, env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["iteration"]: r for r in map(json.loads, (spec_run / "report" / "iterations.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2, 3]
+    r0, r3 = rows[0], rows[3]
+    assert r0["probe_valid_rate"] == pytest.approx(2 / 3) and r0["probe_level_mean"] == pytest.approx(2.0)
+    assert r0["probe_regret_mean"] == pytest.approx(0.55) and r0["probe_share_learnable"] == pytest.approx(0.5)
+    assert r0["probe_share_ci_above_0"] == pytest.approx(0.5)
+    # the iteration's own figures are untouched by its probe's
+    assert r0["valid_rate"] == pytest.approx(5 / 6) and r0["share_learnable"] == pytest.approx(0.4)
+    assert r3["probe_valid_rate"] == 1.0 and r3["probe_regret_mean"] == pytest.approx(0.0)
+    assert r3["probe_share_too_easy"] == 1.0 and "valid_rate" not in r3
+    assert not any(k.startswith("probe_") for k in rows[1])
+    data = (spec_run / "report" / "designer_probe.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000

@@ -12,6 +12,8 @@
                                         the same seeds (the ema_lp arm; not training data)
       ckpt/iter_0008/                   the checkpoint `spade update` wrote after iteration 7
       eval/iter_0008.jsonl              evaluation of that checkpoint (+ the harness's own files)
+      designer_probe/iter_0008/         that checkpoint's designs for one fixed prompt set, played
+                                        by one fixed Agent (recipes/designer_probe.sh)
       report/                           `spade report` tables and plots
       loop_mode                         which loop made the run: "sequential" or "pipelined S"
                                         (docs/pipeline.md); the two never mix in one run directory
@@ -101,6 +103,11 @@ class RunLayout:
     def eval(self, i: int) -> Path:
         return self.root / "eval" / f"iter_{i:04d}.jsonl"
 
+    def designer_probe(self, i: int) -> Path:
+        """Checkpoint ``i``'s designs for one fixed prompt set, played by one fixed Agent (designs,
+        validated, rollouts, scores .jsonl; recipes/designer_probe.sh); 0 is the starting model."""
+        return self.root / "designer_probe" / f"iter_{i:04d}"
+
     @property
     def report_dir(self) -> Path:
         return self.root / "report"
@@ -140,7 +147,7 @@ class RunLayout:
             "next_memory": str(self.memory(i + 1)), "ckpt": str(self.ckpt(i)),
             "next_ckpt": str(self.ckpt(i + 1)), "prev_ckpt": str(self.ckpt(i - 1)) if i > 0 else "",
             "lp_before": str(self.lp_before(i)), "eval": str(self.eval(i)),
-            "next_eval": str(self.eval(i + 1)),
+            "next_eval": str(self.eval(i + 1)), "designer_probe": str(self.designer_probe(i)),
             "report_dir": str(self.report_dir), "loop_mode": str(self.loop_mode),
             "serve_state": str(self.serve_dir / "server.json"), "serve_fleet": str(self.serve_fleet),
         }

@@ -21,8 +21,16 @@ diagnostics"). From the iteration's artifacts:
   level whose unhinted mean is still >= 0.5 (empty when none is). A run without specs has none of
   these columns.
 
-Plots: ``labels.png`` (stacked shares), ``regret.png`` (quantile bands and the share above 0) and
-``frontier.png`` (the chosen levels, their mean and the frontier), each only when it has data.
+**The Designer on a fixed prompt set** (``RUN/designer_probe/iter_i/``, written by
+recipes/designer_probe.sh): checkpoint i's designs for the same prompts in every checkpoint, played
+by one fixed Agent, read as an iteration's own designs are and prefixed ``probe_``
+(``probe_valid_rate``, ``probe_regret_mean``, ``probe_share_learnable``, ...). The loop's own
+figures mix three changes, the Designer, its prompts (the memory grows) and the Agent that plays;
+these hold the last two fixed.
+
+Plots: ``labels.png`` (stacked shares), ``regret.png`` (quantile bands and the share above 0),
+``frontier.png`` (the chosen levels, their mean and the frontier) and ``designer_probe.png`` (the
+fixed prompt set's validity, regret and learnable share per checkpoint), each only when it has data.
 """
 
 from __future__ import annotations
@@ -45,6 +53,11 @@ QUANTILES = (10, 25, 50, 75, 90)
 FRONTIER_MEAN = 0.5  # the Agent "solves" a level when its unhinted mean there reaches this
 COLUMNS = [*LABELS.values(), *(f"regret_p{q}" for q in QUANTILES), "share_ci_above_0", "levels", "level_mean",
            "unhinted_by_level", "frontier"]
+# the figures the fixed prompt set's files give, by file: the same readers as an iteration's own
+PROBE = {"validated": ("valid_rate", "level_mean"),
+         "scores": ("regret_mean", "designer_reward_mean", "share_learnable", "share_too_easy", "share_too_hard",
+                    "share_ci_above_0", "vendi_per_n")}
+PROBE_COLUMNS = [f"probe_{k}" for keys in PROBE.values() for k in keys]
 
 
 class DesignScores:

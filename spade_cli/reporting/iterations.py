@@ -49,7 +49,7 @@ from spade_cli.core.records import Design, Eval, Rollout, Score, Validation
 from spade_cli.designer.curriculum import level_of
 from spade_cli.reporting import curriculum as report_curriculum
 
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 
 
 def _mean(values: list[float]) -> float | None:
@@ -181,11 +181,17 @@ def _eval(path: Path) -> dict:
     return out
 
 
+def _probe(kind: str, figures: dict) -> dict:
+    """The fixed prompt set's figures (report_curriculum.PROBE), named ``probe_*``."""
+    return {f"probe_{k}": figures[k] for k in report_curriculum.PROBE[kind] if k in figures}
+
+
 def _sources(layout: RunLayout, i: int) -> dict[str, list[Path]]:
     rollouts = sorted(p for p in layout.iter_dir(i).glob("rollouts*.jsonl"))
     return {
         "designs": [layout.designs(i)], "validated": [layout.validated(i)], "rollouts": rollouts,
         "scores": [layout.scores(i)], "update": [layout.ckpt(i + 1) / "update.json"], "eval": [layout.eval(i)],
+        **{f"probe_{kind}": [layout.designer_probe(i) / f"{kind}.jsonl"] for kind in report_curriculum.PROBE},
     }
 
 
@@ -217,7 +223,9 @@ def iteration_row(layout: RunLayout, i: int, cache_dir: Path | None = None) -> d
         except (OSError, json.JSONDecodeError):
             pass
     row: dict[str, Any] = {"iteration": i}
-    readers = {"designs": _designs, "validated": _validated, "scores": _scores, "update": _update, "eval": _eval}
+    readers = {"designs": _designs, "validated": _validated, "scores": _scores, "update": _update, "eval": _eval,
+               "probe_validated": lambda p: _probe("validated", _validated(p)),
+               "probe_scores": lambda p: _probe("scores", _scores(p))}
     for name, files in sources.items():
         if files and name != "envs":
             row.update(_rollouts(files) if name == "rollouts" else readers[name](files[0]))
@@ -264,9 +272,12 @@ def _server_events(path: Path) -> dict[int, dict]:
 
 
 def iterations(layout: RunLayout) -> list[int]:
-    """Iterations with an iter dir, an eval file, or a checkpoint (the final one has only those)."""
+    """Iterations with an iter dir, an eval file, a checkpoint or a designer probe (the final
+    checkpoint has only those)."""
     found = set(layout.iterations())
     found |= {int(p.stem[5:]) for p in (layout.root / "eval").glob("iter_[0-9][0-9][0-9][0-9].jsonl")}
+    found |= {int(p.name[5:]) for p in (layout.root / "designer_probe").glob("iter_[0-9][0-9][0-9][0-9]")
+              if (p / "scores.jsonl").exists()}
     found |= {int(p.name[5:]) - 1 for p in (layout.root / "ckpt").glob("iter_[0-9][0-9][0-9][0-9]")
               if (p / "update.json").exists() and int(p.name[5:]) > 0}
     return sorted(found)
@@ -291,7 +302,8 @@ def columns_of(rows: list[dict]) -> list[str]:
     """Fixed columns first (in pipeline order), then update and eval columns as they appear."""
     fixed = ["iteration", "designs", "parse_errors", "validated", "valid", "valid_rate", "invalid_reasons",
              "episodes", "agent_tokens", "unhinted_mean", "hinted_mean", "episode_errors", "scored_envs", "regret_mean",
-             "designer_reward_mean", "flagged", "vendi", "vendi_per_n", *report_curriculum.COLUMNS]
+             "designer_reward_mean", "flagged", "vendi", "vendi_per_n", *report_curriculum.COLUMNS,
+             *report_curriculum.PROBE_COLUMNS]
     seen = {k for row in rows for k in row}
     rest = sorted(k for k in seen if k not in fixed)
     return [c for c in fixed if c in seen or c == "iteration"] + [c for c in rest if c.startswith("update.")] + \
@@ -318,7 +330,7 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 
 def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
-    """One PNG per panel that has data: returns, validity, diversity, update, eval."""
+    """One PNG per panel that has data: returns, validity, diversity, update, eval, designer_probe."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -334,6 +346,8 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
         "update": [(k, k.removeprefix("update.")) for k in ("update.loss", "update.kl", "update.entropy",
                                                            "update.grad_norm.mean", "update.clip_ratio.region")],
         "eval": [(k, k.removeprefix("eval:")) for k in sorted({k for r in rows for k in r if k.startswith("eval:")})],
+        "designer_probe": [("probe_valid_rate", "valid rate"), ("probe_regret_mean", "hint-regret"),
+                           ("probe_share_learnable", "share learnable")],
     }
     written = []
     for name, series in panels.items():
