@@ -2,7 +2,7 @@
 # designer_probe.sh — every Designer checkpoint of a run on one fixed prompt set, played by one fixed Agent.
 #
 #   RUN=runs/demo MODEL=ckpt/warm bash recipes/designer_probe.sh && spade report runs/demo
-#   RUN=... MODEL=... AGENT=ckpt/other N=32 K=8 DESIGN_ARGS="--contract spec ..." bash recipes/designer_probe.sh
+#   RUN=... MODEL=... AGENT=ckpt/other N=32 K=8 EVERY=10 DESIGN_ARGS="--contract spec ..." bash recipes/designer_probe.sh
 #
 # Is the Designer improving? A run's own validity and regret mix three changes: the Designer, its
 # prompts (the memory grows) and the Agent that plays its designs (it trains too). Here checkpoint i
@@ -17,13 +17,16 @@ set -euo pipefail
 RUN="${RUN:?set RUN}" MODEL="${MODEL:?set MODEL (the starting model of the run)}" AGENT="${AGENT:-${MODEL}}"
 N="${N:-16}" GROUP="${GROUP:-4}" K="${K:-4}" MAX_TURNS="${MAX_TURNS:-6}"
 PROMPT_SEED="${PROMPT_SEED:-9000}" PROBE_SEED="${PROBE_SEED:-9100}"   # never a loop's seeds
+EVERY="${EVERY:-1}"   # every EVERY-th checkpoint and the last: a long run probed in a fraction of the time
 DESIGN_ARGS="${DESIGN_ARGS:-}" ROLLOUT_ARGS="${ROLLOUT_ARGS:-}"
 checkpoints=("0 $MODEL")
 for dir in "$RUN"/ckpt/iter_[0-9][0-9][0-9][0-9]; do
   [[ -f "$dir.manifest.json" ]] && checkpoints+=("$((10#${dir##*_})) $dir")   # finished ones only
 done
+last="${checkpoints[-1]%% *}"
 for entry in "${checkpoints[@]}"; do
   read -r i ckpt <<<"$entry"
+  ((i % EVERY == 0 || i == last)) || continue
   out="$(spade paths "$RUN" -i "$i" --key designer_probe)"
   # shellcheck disable=SC2086
   spade design --model "$ckpt" --n "$N" --group "$GROUP" --seed "$PROMPT_SEED" --out "$out/designs.jsonl" $DESIGN_ARGS

@@ -67,7 +67,9 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     run = root / "seed0" / "steering" / "regret"
     probe = {"RUN": str(run), "MODEL": str(root / "seed0" / "model" / "warm"), "N": "4", "K": "1",
              "DESIGN_ARGS": _space_env("SPEC_DESIGN_ARGS"), "ROLLOUT_ARGS": "--max-tokens 16"}
-    _recipe("../designer_probe.sh", root, **probe)
+    _recipe("../designer_probe.sh", root, EVERY="5", **probe)
+    assert sorted(p.name for p in (run / "designer_probe").iterdir()) == ["iter_0000", "iter_0002"]  # first, last
+    _recipe("../designer_probe.sh", root, **probe)  # every checkpoint: iteration 1 added
     prompts = [[r["messages"] for r in map(json.loads, (run / "designer_probe" / f"iter_{i:04d}" / "designs.jsonl")
                                            .read_text().splitlines())] for i in range(3)]
     assert prompts[0] == prompts[1] == prompts[2]  # the same prompts for the start and both checkpoints
