@@ -21,7 +21,8 @@ EVERY="${EVERY:-1}"   # every EVERY-th checkpoint and the last: a long run probe
 DESIGN_ARGS="${DESIGN_ARGS:-}" ROLLOUT_ARGS="${ROLLOUT_ARGS:-}"
 checkpoints=("0 $MODEL")
 for dir in "$RUN"/ckpt/iter_[0-9][0-9][0-9][0-9]; do
-  [[ -f "$dir.manifest.json" ]] && checkpoints+=("$((10#${dir##*_})) $dir")   # finished ones only
+  # finished (its manifest) and not pruned (retention's marker in stages/prune.py: weights deleted)
+  [[ -f "$dir.manifest.json" && ! -e "$dir/pruned.json" ]] && checkpoints+=("$((10#${dir##*_})) $dir")
 done
 last="${checkpoints[-1]%% *}"
 for entry in "${checkpoints[@]}"; do
