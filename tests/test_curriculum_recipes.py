@@ -52,33 +52,40 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     assert "gate:" in gate and "(held out)" in gate
     assert "failed_trainable" in json.loads((root / "summary_gate.json").read_text())["seed0"]
 
-    for arm in ("regret", "shuffled"):
-        _recipe("steering.sh", root, ARMS=arm, SEEDS="0", ITERS="2", N_ENVS="4")
+    # three iterations of the regret arm, so the loop's retention prunes checkpoint 1 (the probe below)
+    for arm, iters in (("regret", "3"), ("shuffled", "2")):
+        _recipe("steering.sh", root, ARMS=arm, SEEDS="0", ITERS=iters, N_ENVS="4")
     shuffled = [json.loads(line) for line in
                 (root / "seed0" / "steering" / "shuffled" / "iter_0000" / "scores.jsonl").read_text().splitlines()]
     earned = [r for r in shuffled if r.get("note") is None]
     assert all("designer_reward_earned" in r for r in earned)
     table = _summarize("steering", root)
     assert "| regret | 1 |" in table and "| shuffled | 1 |" in table and "regret arm minus shuffled" in table
-    again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="2", N_ENVS="4")  # finished: all up to date
+    again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="3", N_ENVS="4")  # finished: all up to date
     assert "up to date" in again.stderr
 
     # every Designer checkpoint of the regret arm on one fixed prompt set, played by the frozen Agent
     run = root / "seed0" / "steering" / "regret"
     probe = {"RUN": str(run), "MODEL": str(root / "seed0" / "model" / "warm"), "N": "4", "K": "1",
              "DESIGN_ARGS": _space_env("SPEC_DESIGN_ARGS"), "ROLLOUT_ARGS": "--max-tokens 16"}
+    def probed() -> list[str]:
+        return sorted(p.name for p in (run / "designer_probe").iterdir())
+
     _recipe("../designer_probe.sh", root, EVERY="5", **probe)
-    assert sorted(p.name for p in (run / "designer_probe").iterdir()) == ["iter_0000", "iter_0002"]  # first, last
-    _recipe("../designer_probe.sh", root, **probe)  # every checkpoint: iteration 1 added
-    prompts = [[r["messages"] for r in map(json.loads, (run / "designer_probe" / f"iter_{i:04d}" / "designs.jsonl")
-                                           .read_text().splitlines())] for i in range(3)]
-    assert prompts[0] == prompts[1] == prompts[2]  # the same prompts for the start and both checkpoints
-    assert "Environment memory:" not in json.dumps(prompts[0])  # no memory: the prompts of no iteration of the run
+    assert probed() == ["iter_0000", "iter_0003"]  # the first and the last
+    # every checkpoint: 2 is added, 1 is skipped since retention pruned its weights
+    assert (run / "ckpt" / "iter_0001" / "pruned.json").exists() and (run / "ckpt" / "iter_0002").is_dir()
+    _recipe("../designer_probe.sh", root, **probe)
+    assert probed() == ["iter_0000", "iter_0002", "iter_0003"]
     assert "up to date" in _recipe("../designer_probe.sh", root, **probe).stderr
+    prompts = [[r["messages"] for r in map(json.loads, (run / "designer_probe" / f"iter_{i:04d}" / "designs.jsonl")
+                                           .read_text().splitlines())] for i in (0, 2, 3)]
+    assert prompts[0] == prompts[1] == prompts[2]  # the same prompts for the start and each checkpoint
+    assert "Environment memory:" not in json.dumps(prompts[0])  # no memory: the prompts of no iteration of the run
     res = run_spade("report", run)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "report" / "iterations.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "probe_valid_rate" in r] == [0, 1, 2]
+    assert [r["iteration"] for r in rows if "probe_valid_rate" in r] == [0, 2, 3]
     assert (run / "report" / "designer_probe.png").exists()
 
     _recipe("outcome.sh", root, ARMS="spade space_pool", SEEDS="0", ITERS="1", N_ENVS="4", EVAL_K="1")
@@ -88,8 +95,8 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     suite = [json.loads(line) for line in (root / "heldout" / "validated.jsonl").read_text().splitlines()]
     held = {(r["spec"]["rule"], r["spec"]["level"]) for r in suite}
     for arm in ("spade", "space_pool"):
-        # the warm start never saw a corpus document: no arm's Designer prompt may hold one, though
-        # experiment.sh clears an arm's settings from the environment
+        # the warm start never saw a corpus document: no arm's Designer prompt may hold one (a value
+        # for every arm comes from outcome.toml, since experiment.sh takes arm settings from files only)
         cell = root / "outcome" / arm / "seed_0"
         assert json.loads((cell / "settings.json").read_text())["GROUNDING"] == "0", arm
         if arm == "spade":  # the pool arm's designs come from the pool, no prompt involved
