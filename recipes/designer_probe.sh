@@ -22,7 +22,7 @@ DESIGN_ARGS="${DESIGN_ARGS:-}" ROLLOUT_ARGS="${ROLLOUT_ARGS:-}"
 checkpoints=("0 $MODEL")
 for dir in "$RUN"/ckpt/iter_[0-9][0-9][0-9][0-9]; do
   # finished (its manifest) and not pruned (retention's marker in stages/prune.py: weights deleted)
-  [[ -f "$dir.manifest.json" && ! -e "$dir/pruned.json" ]] && checkpoints+=("$((10#${dir##*_})) $dir")
+  if [[ -f "$dir.manifest.json" && ! -e "$dir/pruned.json" ]]; then checkpoints+=("$((10#${dir##*_})) $dir"); fi
 done
 last="${checkpoints[-1]%% *}"
 for entry in "${checkpoints[@]}"; do
