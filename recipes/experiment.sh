@@ -43,7 +43,7 @@ while read -r -u 3 c arm seed run recipe; do
     *.env) config="${config:+$config:}$recipe" ;;
     */baselines/*.sh) cmd=(bash "$recipe") ;;
   esac
-  cell=(env -u POOL -u FROZEN_DESIGNER -u SIGNAL -u GROUNDING -u MEMORY RUN="$run" SEED="$seed" CONFIG="$config")
+  cell=(env RUN="$run" SEED="$seed" CONFIG="$config")  # no arm setting in the environment: plan refused it
   mkdir -p "$run"
   "${cell[@]}" PRINT_SETTINGS=1 "${cmd[@]}" >"$run/settings.json.tmp"
   mv "$run/settings.json.tmp" "$run/settings.json"

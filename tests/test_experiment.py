@@ -80,7 +80,7 @@ def test_every_arm_reads_the_same_settings_and_differs_only_in_its_knob(tmp_path
 
 @pytest.mark.integration
 def test_an_arm_setting_for_every_arm_goes_in_the_config_file_not_the_environment(tmp_path):
-    # in the environment it would be cleared from every cell: refused, naming the way that works
+    # in the environment it would override every arm's file: refused, naming the way that works
     stray = _experiment(tmp_path, DRY_RUN="1", ARMS="spade no_memory", SEEDS="0", GROUNDING="0")
     assert stray.returncode == 2 and "GROUNDING=0" in stray.stderr and "CONFIG" in stray.stderr, stray.stderr
     assert not (tmp_path / "exp").exists()

@@ -91,7 +91,7 @@ SETTINGS: dict[str, Setting] = {
     "prune": S(True, "0: keep every checkpoint and trainer state (spade prune, docs/update.md)", record=False),
     "prune_args": S("", "e.g. --keep-ckpts 3 --keep-state-every 50", record=False),
     "spade": S("spade", "the spade command the stages run", record=False),
-    # the arm: what an experiment's arms differ in (recipes/experiment.sh clears them between cells)
+    # the arm: what an experiment's arms differ in (only from their files: cells() refuses them in the environment)
     "pool": S("", "a fixed pool instead of the Designer: a pool DIR, FILE.jsonl or rg:NAMES"),
     "frozen_designer": S(False, "1: the Designer stays the initial MODEL and is not trained"),
     "signal": S("regret", "regret | ema_lp | learnability"),
@@ -205,15 +205,15 @@ def cells(arms: list[str], seeds: list[str], exp: str, recipes: Path, cell: str 
           env: Mapping[str, str] | None = None) -> list[tuple]:
     """The cells of an experiment: cell c is arm c // len(seeds) with seed c % len(seeds), in
     EXP/ARM/seed_S, as (c, arm, seed, run, recipe); ``cell`` picks one (a Slurm array task).
-    An arm's own settings (``ARM``) come only from its file, so experiment.sh clears them from each
-    cell's environment: one set in ``env`` would be dropped from every arm, and is refused."""
+    An arm's own settings (``ARM``) come only from its file: one set in ``env`` would reach every
+    cell and override every arm's file, so it is refused (an empty one counts as unset)."""
     if not arms or not seeds:
         raise UsageError("experiment.sh: ARMS and SEEDS must not be empty")
     stray = [f"{name.upper()}={env[name.upper()]}" for name in ARM if (env or {}).get(name.upper())]
     if stray:
         raise UsageError(f"experiment.sh: {' '.join(stray)} is set in the environment, but an arm's own settings "
-                         f"({', '.join(n.upper() for n in ARM)}) come only from its file, so no arm would see it: "
-                         f"put it in the experiment's CONFIG file, which every arm reads before its own")
+                         f"({', '.join(n.upper() for n in ARM)}) come only from its file, and this would override "
+                         f"every arm's: put it in the experiment's CONFIG file, which every arm reads before its own")
     recipe = {arm: arm_recipe(arm, recipes) for arm in arms}  # every name is checked before any work
     n = len(arms) * len(seeds)
     if cell and (not cell.isdigit() or int(cell) >= n):
