@@ -23,6 +23,13 @@ bold warning at the top of the markdown. Each run's ``settings.json`` (written b
 budgets: all but the arm knobs and the seed) differ from the reference's, or a run without the
 file, gets a warning of its own. ``strict`` refuses either case instead.
 
+Beside each benchmark's row, a row ``BENCH: Δ vs REF (paired by seed)`` holds, per arm, that arm's
+value minus the reference arm's on the same seed, mean ± 95% CI over the seeds both arms ran. Runs
+are matched by the ``SEED`` of their ``settings.json``, else by their folder name (``seed_0``). An
+experiment's arms share the starting model and their evaluation seeds per loop seed, so the paired
+interval is the one a claim "arm A beats arm B" is judged by: the columns' own intervals also hold
+the seed-to-seed variation the two arms share.
+
 Output, in ``out_dir``: ``compare.csv`` (one row per table row and arm, with the per-seed values),
 ``compare.md`` (the table), and ``curve-<benchmark>.png`` per benchmark (mean over seeds per
 iteration, with the CI band where two or more seeds have the point).
@@ -93,8 +100,10 @@ def run_summary(run: Path) -> dict:
         for k, v in r.items():
             if k.startswith("eval:") and isinstance(v, int | float):
                 evals.setdefault(k.removeprefix("eval:"), {})[r["iteration"]] = float(v)
+    settings = _settings(run)
     out: dict[str, Any] = {"run": str(run), "evals": evals,
-                           "iterations": sum(1 for r in rows if "episodes" in r), "settings": _settings(run)}
+                           "iterations": sum(1 for r in rows if "episodes" in r), "settings": settings,
+                           "seed": _seed_key(run, settings)}
     for key in ("vendi_per_n", "episodes", "agent_tokens"):
         vals = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
         out[key] = sum(vals) / len(vals) if vals else None
@@ -114,6 +123,39 @@ def _settings(run: Path) -> dict | None:
     if not isinstance(data, dict):
         raise SpadeError(f"{path}: not a JSON object of settings")
     return data
+
+
+def _seed_key(run: Path, settings: dict | None) -> str:
+    """What matches a run with its partners in the other arms: its SEED setting, else its folder."""
+    seed = (settings or {}).get("SEED")
+    return f"SEED={seed}" if seed not in (None, "") else run.name
+
+
+def paired(arms: dict[str, list[dict]], bench: str, at: dict[str, dict[str, float]], ref: str,
+           notes: list[str], skip: set[str], iteration: int | str) -> list[dict]:
+    """The rows ``BENCH: Δ vs REF``: per arm, its value minus the reference's on each shared seed.
+    ``at``: per arm, seed key -> the value compared in the benchmark's own row; arms in ``skip``
+    (or all, when the reference is in it) have an empty cell."""
+    label = f"{bench}: Δ vs {ref} (paired by seed)"
+    empty = {"kind": "paired", "row": label, "n": 0, "mean": None, "ci95": None, "values": [], "seeds": [],
+             "iteration": iteration, "start": None}
+    rows = [{**empty, "arm": ref}]
+    for arm in arms:
+        if arm == ref:
+            continue
+        if ref in skip or arm in skip:
+            rows.append({**empty, "arm": arm})
+            continue
+        seeds = [k for k in at[arm] if k in at[ref]]
+        unmatched = sorted(set(at[arm]) ^ set(at[ref]))
+        if unmatched:
+            notes.append(f"{bench}: {arm} vs {ref}: seeds without a partner left out of the paired row: "
+                         + ", ".join(unmatched))
+        diffs = [at[arm][k] - at[ref][k] for k in seeds]
+        mean, ci = mean_ci(diffs)
+        rows.append({**empty, "arm": arm, "n": len(diffs), "mean": mean, "ci95": ci, "values": diffs,
+                     "seeds": seeds})
+    return rows
 
 
 def settings_differ(arms: dict[str, list[dict]], ref: str) -> dict[str, str]:
@@ -169,34 +211,45 @@ def build(arms: dict[str, list[dict]], iteration: int | None = None, reference: 
     benches = sorted({b for r in everyone for b in r["evals"]})
     rows: list[dict] = []
     notes: list[str] = []
+    ref = reference or ("spade" if "spade" in arms else next(iter(arms)))
+    if ref not in arms:
+        raise SpadeError(f"reference arm {ref!r} is not among the arms: {', '.join(arms)}")
+    ambiguous = {arm for arm, runs in arms.items() if len({r["seed"] for r in runs}) < len(runs)}
+    for arm in sorted(ambiguous):
+        notes.append(f"{arm}: two of its runs have the same seed, so it has no paired rows "
+                     "(compare one experiment's arms, or runs whose seeds differ)")
     for bench in benches:
         at, common = _at(everyone, bench, iteration)
         if not common and iteration is not None:
             notes.append(f"{bench}: not every run has an eval at iteration {iteration}; those runs are left out")
         elif not common:
             notes.append(f"{bench}: no iteration that every run evaluated; each run's latest eval is used")
+        by_seed: dict[str, dict[str, float]] = {}
         for arm, runs in arms.items():
-            vals, its = [], []
+            vals, its, seeds = [], [], []
             for r in runs:
                 series = r["evals"].get(bench, {})
                 i = at if common or iteration is not None else (max(series) if series else None)
                 if i is not None and i in series:
                     vals.append(series[i])
                     its.append(i)
+                    seeds.append(r["seed"])
+                    by_seed.setdefault(arm, {})[r["seed"]] = series[i]
             mean, ci = mean_ci(vals)
             start = [r["evals"][bench][0] for r in runs if 0 in r["evals"].get(bench, {})]
             rows.append({"kind": "eval", "row": bench, "arm": arm, "n": len(vals), "mean": mean, "ci95": ci,
-                         "values": vals, "iteration": its[0] if len(set(its)) == 1 else ",".join(map(str, its)),
+                         "values": vals, "seeds": seeds,
+                         "iteration": its[0] if len(set(its)) == 1 else ",".join(map(str, its)),
                          "start": sum(start) / len(start) if start else None})
+        if len(arms) > 1:
+            rows += paired(arms, bench, {a: by_seed.get(a, {}) for a in arms}, ref, notes, skip=ambiguous,
+                           iteration=at if common or iteration is not None else "latest")
     for key, label in [("vendi_per_n", "Vendi / n"), *BUDGET_ROWS]:
         for arm, runs in arms.items():
             vals = [r[key] for r in runs if r[key] is not None]
             mean, ci = mean_ci(vals)
             rows.append({"kind": "budget" if key != "vendi_per_n" else "diversity", "row": label, "arm": arm,
                          "n": len(vals), "mean": mean, "ci95": ci, "values": vals, "iteration": "", "start": None})
-    ref = reference or ("spade" if "spade" in arms else next(iter(arms)))
-    if ref not in arms:
-        raise SpadeError(f"reference arm {ref!r} is not among the arms: {', '.join(arms)}")
     order = [ref, *(a for a in arms if a != ref)]  # the reference is the table's first column
     marked: dict[str, str] = {}
     by = {(r["row"], r["arm"]): r["mean"] for r in rows}
@@ -242,7 +295,9 @@ def to_markdown(table: dict) -> str:
            "|---|---|---|" + "---|" * len(arms)]
     for label in labels:
         first = by[(label, arms[0])]
-        if first["kind"] == "eval":
+        if first["kind"] == "paired":
+            it, start = str(first["iteration"]), ""
+        elif first["kind"] == "eval":
             its = {str(by[(label, a)]["iteration"]) for a in arms}
             starts = [by[(label, a)]["start"] for a in arms if by[(label, a)]["start"] is not None]
             start = _num(sum(starts) / len(starts)) if starts else "-"
@@ -254,7 +309,9 @@ def to_markdown(table: dict) -> str:
     out.append("| seeds | | | " + " | ".join(map(str, seeds)) + " |")
     out += ["", "Cells: mean ± half-width of the 95% confidence interval over seeds (t-distribution, n-1 "
             "degrees of freedom); `n=1, no CI` where an arm has a single seed. The start column is the "
-            "starting model (eval/iter_0000), the same checkpoint in every arm."]
+            "starting model (eval/iter_0000), the same checkpoint in every arm. A `Δ vs` row: each arm's value "
+            f"minus {ref}'s on the same seed, mean ± 95% CI over the seeds both ran (the interval that "
+            "judges a difference between arms)."]
     for arm, why in table["budget_differs"].items():
         out.append(f"\n{MARK} {arm}: budget differs from {ref}'s by more than {100 * table['budget_tol']:.0f}% "
                    f"({why}).")
@@ -263,9 +320,9 @@ def to_markdown(table: dict) -> str:
 
 
 def to_csv(table: dict) -> str:
-    rows = [{**r, "values": ";".join(_num(v) for v in r["values"]),
+    rows = [{**r, "values": ";".join(_num(v) for v in r["values"]), "seeds": ";".join(r.get("seeds", [])),
              "budget_differs": r["arm"] in table["budget_differs"]} for r in table["rows"]]
-    return report.to_csv(rows, ["kind", "row", "arm", "n", "mean", "ci95", "values", "iteration", "start",
+    return report.to_csv(rows, ["kind", "row", "arm", "n", "mean", "ci95", "values", "seeds", "iteration", "start",
                                 "budget_differs"])
 
 

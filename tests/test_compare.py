@@ -107,10 +107,46 @@ def test_compare_uses_the_latest_iteration_every_run_has(experiment: Path, tmp_p
            [{"schema": "spade.eval/1", "task": "lm:tiny", "metric": "acc", "value": 1.0, "n": 4}])
     res = compare.run([experiment / "spade", experiment / "frozen"], tmp_path / "out", plots=False)
     by = {(r["row"], r["arm"]): r for r in res["table"]}
-    assert by[("lm:tiny/acc", "spade")]["mean"] == pytest.approx(0.3) and not res["notes"]
+    assert by[("lm:tiny/acc", "spade")]["mean"] == pytest.approx(0.3)
+    assert res["notes"] == ["lm:tiny/acc: frozen vs spade: seeds without a partner left out of the paired row: seed_1"]
     forced = compare.run([experiment / "spade"], tmp_path / "forced", iteration=4, plots=False)
     row = next(r for r in forced["table"] if r["row"] == "lm:tiny/acc")
     assert (row["n"], row["mean"]) == (1, 1.0) and "left out" in forced["notes"][0]
+
+
+@pytest.mark.unit
+def test_paired_rows_difference_each_seed_against_the_reference(experiment: Path, tmp_path: Path) -> None:
+    from stages import compare
+
+    res = compare.run([experiment], tmp_path / "out", plots=False)
+    label = "lm:tiny/acc: Δ vs spade (paired by seed)"
+    rows = _rows(tmp_path / "out" / "compare.csv")
+    # hand_curated - spade on seed_0 and seed_1 (0.5 - 0.2, 0.6 - 0.4); its seed_2 has no partner
+    curated = rows[(label, "hand_curated")]
+    assert (curated["kind"], curated["n"], curated["values"], curated["seeds"]) == ("paired", "2", "0.300;0.200",
+                                                                                   "seed_0;seed_1")
+    assert float(curated["mean"]) == pytest.approx(0.25)
+    # sd of (0.3, 0.2) is 0.0707: the interval is the t(1) one of the differences, not of the columns
+    assert float(curated["ci95"]) == pytest.approx(T975[1] * 0.0707106781 / 2 ** 0.5, rel=1e-6)
+    assert any("hand_curated vs spade: seeds without a partner" in n and "seed_2" in n for n in res["notes"])
+    frozen = rows[(label, "frozen")]
+    assert (frozen["n"], frozen["values"], frozen["ci95"]) == ("1", "0.700", "")
+    assert (rows[(label, "spade")]["n"], rows[(label, "spade")]["mean"]) == ("0", "")  # the reference itself
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert f"| {label} | 2 |  | - | 0.700 (n=1, no CI) | 0.250 ± 0.635 |" in md
+    # with settings, runs pair by their SEED, whatever their folders are called
+    for arm, seeds in (("spade", {"seed_0": "7", "seed_1": "8"}), ("hand_curated", {"seed_0": "8", "seed_1": "7",
+                                                                                    "seed_2": "9"})):
+        for name, seed in seeds.items():
+            (experiment / arm / name / "settings.json").write_text(json.dumps({"SEED": seed}))
+    res = compare.run([experiment / "spade", experiment / "hand_curated"], tmp_path / "by-seed", plots=False)
+    row = next(r for r in res["table"] if r["row"] == label and r["arm"] == "hand_curated")
+    assert row["seeds"] == ["SEED=8", "SEED=7"] and row["values"] == pytest.approx([0.5 - 0.4, 0.6 - 0.2])
+    # two runs of one seed in an arm cannot be paired: an empty cell and a note, the table still written
+    (experiment / "hand_curated" / "seed_2" / "settings.json").write_text(json.dumps({"SEED": "7"}))
+    res = compare.run([experiment / "spade", experiment / "hand_curated"], tmp_path / "twice", plots=False)
+    row = next(r for r in res["table"] if r["row"] == label and r["arm"] == "hand_curated")
+    assert row["n"] == 0 and any("hand_curated: two of its runs have the same seed" in n for n in res["notes"])
 
 
 @pytest.mark.integration

@@ -43,7 +43,7 @@ def compare(
     iteration: Annotated[int | None, typer.Option(
         "--iteration", help="Compare evals at this iteration (default: latest common).", min=0)] = None,
     reference: Annotated[str | None, typer.Option(
-        "--reference", help="Arm whose budget the others must match (default: spade).")] = None,
+        "--reference", help="Arm the others are differenced against and must match in budget (default: spade).")] = None,
     budget_tol: Annotated[float, typer.Option(
         "--budget-tol", help="Relative budget difference that marks an arm.", min=0)] = 0.05,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG curves.")] = True,
@@ -51,7 +51,8 @@ def compare(
         "--strict", help="Refuse when an arm's budget or shared settings (settings.json) differ.")] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Compare arms over seeds: per benchmark mean ± 95% CI (t), Vendi/n, episodes and tokens.
+    """Compare arms over seeds: per benchmark mean ± 95% CI (t) and each arm's paired difference
+    from the reference arm seed by seed, Vendi/n, episodes and tokens.
 
     Writes compare.csv, compare.md and curve-BENCHMARK.png (eval metric vs iteration per arm, mean
     with CI band). An arm whose Agent episodes or tokens per iteration differ from the reference
