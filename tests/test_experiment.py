@@ -151,6 +151,12 @@ def test_two_arms_by_two_seeds_end_to_end_give_the_table_and_the_curves(tiny_mod
     for arm in ("spade", "hand_curated"):
         assert rows[(bench, arm)]["n"] == "2" and rows[(bench, arm)]["iteration"] == "2"
         assert rows[(bench, arm)]["ci95"] != ""
+    # the arms' runs pair by their settings' SEED: the Δ row is the per-seed difference of the columns
+    paired = rows[(f"{bench}: Δ vs spade (paired by seed)", "hand_curated")]
+    assert (paired["kind"], paired["n"], paired["seeds"]) == ("paired", "2", "SEED=0;SEED=1")
+    per_seed = {arm: [float(v) for v in rows[(bench, arm)]["values"].split(";")] for arm in ("spade", "hand_curated")}
+    expect = [c - s for c, s in zip(per_seed["hand_curated"], per_seed["spade"], strict=True)]
+    assert [float(v) for v in paired["values"].split(";")] == pytest.approx(expect, abs=2e-3)
     # the pool's 2 envs are valid: 2 envs x 2 seeds x 2 sides = 8 episodes an iteration
     episodes = {arm: float(rows[("Agent episodes / iteration", arm)]["mean"]) for arm in ("spade", "hand_curated")}
     assert episodes["hand_curated"] == 8
