@@ -131,8 +131,8 @@ def _seed_key(run: Path, settings: dict | None) -> str:
     return f"SEED={seed}" if seed not in (None, "") else run.name
 
 
-def paired(arms: dict[str, list[dict]], bench: str, at: dict[str, dict[str, float]], ref: str,
-           notes: list[str], skip: set[str], iteration: int | str) -> list[dict]:
+def paired(bench: str, at: dict[str, dict[str, float]], ref: str, notes: list[str], skip: set[str],
+           iteration: int | str) -> list[dict]:
     """The rows ``BENCH: Δ vs REF``: per arm, its value minus the reference's on each shared seed.
     ``at``: per arm, seed key -> the value compared in the benchmark's own row; arms in ``skip``
     (or all, when the reference is in it) have an empty cell."""
@@ -140,7 +140,7 @@ def paired(arms: dict[str, list[dict]], bench: str, at: dict[str, dict[str, floa
     empty = {"kind": "paired", "row": label, "n": 0, "mean": None, "ci95": None, "values": [], "seeds": [],
              "iteration": iteration, "start": None}
     rows = [{**empty, "arm": ref}]
-    for arm in arms:
+    for arm in at:
         if arm == ref:
             continue
         if ref in skip or arm in skip:
@@ -224,17 +224,18 @@ def build(arms: dict[str, list[dict]], iteration: int | None = None, reference: 
             notes.append(f"{bench}: not every run has an eval at iteration {iteration}; those runs are left out")
         elif not common:
             notes.append(f"{bench}: no iteration that every run evaluated; each run's latest eval is used")
+        fixed = at if common or iteration is not None else None  # else each run's latest
         by_seed: dict[str, dict[str, float]] = {}
         for arm, runs in arms.items():
             vals, its, seeds = [], [], []
             for r in runs:
                 series = r["evals"].get(bench, {})
-                i = at if common or iteration is not None else (max(series) if series else None)
+                i = fixed if fixed is not None else (max(series) if series else None)
                 if i is not None and i in series:
                     vals.append(series[i])
                     its.append(i)
                     seeds.append(r["seed"])
-                    by_seed.setdefault(arm, {})[r["seed"]] = series[i]
+            by_seed[arm] = dict(zip(seeds, vals, strict=True))
             mean, ci = mean_ci(vals)
             start = [r["evals"][bench][0] for r in runs if 0 in r["evals"].get(bench, {})]
             rows.append({"kind": "eval", "row": bench, "arm": arm, "n": len(vals), "mean": mean, "ci95": ci,
@@ -242,8 +243,7 @@ def build(arms: dict[str, list[dict]], iteration: int | None = None, reference: 
                          "iteration": its[0] if len(set(its)) == 1 else ",".join(map(str, its)),
                          "start": sum(start) / len(start) if start else None})
         if len(arms) > 1:
-            rows += paired(arms, bench, {a: by_seed.get(a, {}) for a in arms}, ref, notes, skip=ambiguous,
-                           iteration=at if common or iteration is not None else "latest")
+            rows += paired(bench, by_seed, ref, notes, skip=ambiguous, iteration="latest" if fixed is None else fixed)
     for key, label in [("vendi_per_n", "Vendi / n"), *BUDGET_ROWS]:
         for arm, runs in arms.items():
             vals = [r[key] for r in runs if r[key] is not None]
