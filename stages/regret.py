@@ -199,7 +199,7 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
         replay_out: str | Path | None = None, replay_temperature: float = 0.1, replay_staleness: float = 0.1,
         embedding: str = "auto", audit: bool = True, audit_seeds: int = 4, flagged_reward: float | None = None,
         max_error_rate: float = 0.25, before_rollouts: str | Path | list | None = None,
-        shuffle_rewards: bool = False, force: bool = False) -> dict:
+        shuffle_rewards: bool = False, pool_cells: tuple[str, ...] = (), force: bool = False) -> dict:
     """Score one iteration; returns the summary dict (also stored in the manifest)."""
     t0 = time.time()
     if signal not in curriculum.SIGNALS:
@@ -214,6 +214,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     env_paths, roll_paths = expand_inputs(envs), expand_inputs(rollouts)
     played_paths = expand_inputs(played) if played else []
     before_paths = expand_inputs(before_rollouts) if before_rollouts else []
+    if pool_cells and signal == "ema_lp":  # ema_lp follows one env across iterations, not a cell
+        raise SpadeError("--pool-cells pools the regret or learnability signal, not ema_lp")
     if before_paths and signal != "ema_lp":
         raise SpadeError("--before-rollouts feeds the ema_lp signal; pass --signal ema_lp")
     mem_path = Path(memory) if memory else None
@@ -246,7 +248,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
               "embedding_used": diversity.resolve_embedding(embedding),
               "memory_out": str(mem_out) if mem_out else None, "seed_audit": audit, "audit_seeds": audit_seeds,
               "flagged_reward": invalid_reward if flagged_reward is None else flagged_reward,
-              "max_error_rate": max_error_rate, **({"shuffle_rewards": True} if shuffle_rewards else {})}
+              "max_error_rate": max_error_rate, **({"shuffle_rewards": True} if shuffle_rewards else {}),
+              **({"pool_cells": list(pool_cells)} if pool_cells else {})}
     # the rollouts were hashed during the scan: their fingerprints are passed, not taken again
     inputs: dict[str, list[Path]] = {"envs": env_paths, "rollouts": roll_paths}
     if played_paths:
@@ -299,6 +302,10 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
     prior = {e: p for e, st in before.items()
              if e in valid and (p := curriculum.env_stats(st, success_threshold)["unhinted_success"]) is not None}
 
+    # --pool-cells: an unflagged spec design is paid its cell's regret (flagged ones stay out of pools)
+    cells = {e: k for e, v in valid.items() if e in played and e not in flags
+             and (k := curriculum.cell_key(v, pool_cells)) is not None} if pool_cells else {}
+    pooled = curriculum.cell_stats(cells, per_env, success_threshold)
     rows = []
     for rec in designs:
         s = stats[rec.env_id] if rec.valid else curriculum.env_stats(per_env.get(rec.env_id),
@@ -314,7 +321,8 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
             s_hist = history.get(rec.env_id, [])
             if rec.env_id in prior and len(s_hist) == 1:  # a longer history already has its own past
                 s_hist = [prior[rec.env_id], *s_hist]
-            reward = curriculum.designer_reward(signal, {**s, "success_history": s_hist}, clip_negative)
+            reward = curriculum.designer_reward(signal, {**pooled.get(rec.env_id, s), "success_history": s_hist},
+                                                clip_negative)
             if reward is None:
                 note = "no rollouts" if not (s["hinted_n"] or s["unhinted_n"]) else "one side has no rollouts"
                 warnings.append(f"env {rec.env_id}: {note}; designer_reward 0.0")
@@ -330,7 +338,9 @@ def run(envs: str | Path | list, rollouts: str | Path | list, out: str | Path,
                              "hinted_success": s["hinted_success"], "hinted_errors": s["hinted_errors"],
                              "unhinted_errors": s["unhinted_errors"], "note": note,
                              "flags": flags.get(rec.env_id, []), "audit": audited.get(rec.env_id),
-                             **({"before_success": prior.get(rec.env_id)} if before_paths else {})})
+                             **({"before_success": prior.get(rec.env_id)} if before_paths else {}),
+                             **({"cell": {k: pooled[rec.env_id][k] for k in ("cell_envs", "regret", "regret_ci95")}}
+                                if rec.env_id in pooled and rec.valid else {})})
         rows.append(to_row(score))
 
     if shuffle_rewards:

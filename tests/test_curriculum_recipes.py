@@ -53,12 +53,16 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     assert "failed_trainable" in json.loads((root / "summary_gate.json").read_text())["seed0"]
 
     # three iterations of the regret arm, so the loop's retention prunes checkpoint 1 (the probe below)
-    for arm, iters in (("regret", "3"), ("shuffled", "2")):
+    for arm, iters in (("regret", "3"), ("shuffled", "2"), ("pooled", "1")):
         _recipe("steering.sh", root, ARMS=arm, SEEDS="0", ITERS=iters, N_ENVS="4")
     shuffled = [json.loads(line) for line in
                 (root / "seed0" / "steering" / "shuffled" / "iter_0000" / "scores.jsonl").read_text().splitlines()]
     earned = [r for r in shuffled if r.get("note") is None]
     assert all("designer_reward_earned" in r for r in earned)
+    pooled = root / "seed0" / "steering" / "pooled" / "iter_0000" / "scores.jsonl"
+    assert json.loads(pooled.with_name("scores.jsonl.manifest.json").read_text())["config"]["pool_cells"] == [
+        "rule", "level"]
+    assert all("cell" in json.loads(r) for r in pooled.read_text().splitlines() if json.loads(r).get("note") is None)
     table = _summarize("steering", root)
     assert "| regret | 1 |" in table and "| shuffled | 1 |" in table and "regret arm minus shuffled" in table
     again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="3", N_ENVS="4")  # finished: all up to date

@@ -354,3 +354,52 @@ def test_played_envs_are_never_scored_as_designs(tmp_path: Path) -> None:
     res = _regret(fx, "--played", replay, "--no-seed-audit", out="s4.jsonl", memory=mem)
     assert res.returncode == 1 and starter["env_id"] in res.stderr and "--played" in res.stderr
     assert not list(tmp_path.glob("s[34].jsonl*"))
+
+
+def test_pool_cells_pays_each_spec_design_its_cells_regret(tmp_path: Path) -> None:
+    """Six real spec designs of the grid (three of rule `first`), two pairs each but one design
+    unplayed. With --pool-cells rule, each `first` design is paid the regret of the three's episodes
+    pooled; its own regret stays in `regret`. A design without rollouts keeps its 0 and its note."""
+    import statistics
+
+    run_spade("design", "--pool", "space-grid", "--n", "6", "--out", tmp_path / "d.jsonl")
+    run_spade("validate", "--designs", tmp_path / "d.jsonl", "--out", tmp_path / "validated.jsonl")
+    designs = _rows(tmp_path / "validated.jsonl")
+    firsts = [d["env_id"] for d in designs if d["spec"]["rule"] == "first"]
+    others = [d["env_id"] for d in designs if d["spec"]["rule"] != "first"]
+    assert len(firsts) == 3 and len(others) == 3 and all(d["valid"] for d in designs)
+    # first: own regrets 1.0, 0.0, 0.25; pooled (2 + 0 + 1)/6 - (0 + 0 + 0.5)/6 = 5/12
+    returns = {firsts[0]: ([1, 1], [0, 0]), firsts[1]: ([0, 0], [0, 0]), firsts[2]: ([0.5, 0.5], [0.5, 0]),
+               others[0]: ([1, 0], [0, 0]), others[1]: ([0, 0], [1, 1])}  # others[2] is never played
+    eps = [_episode(e, h, p, side[p]) for e, (hs, us) in returns.items()
+           for h, side in ((True, hs), (False, us)) for p in (0, 1)]
+    fx = {"dir": tmp_path, "envs": tmp_path / "validated.jsonl", "rollouts": str(_write(tmp_path / "r.jsonl", eps))}
+
+    assert _regret(fx, "--no-seed-audit", out="own.jsonl", memory=()).returncode == 0
+    own = {r["env_id"]: r for r in _rows(tmp_path / "own.jsonl")}
+    res = _regret(fx, "--no-seed-audit", "--pool-cells", "rule", memory=())
+    assert res.returncode == 0, res.stderr
+    rows = {r["env_id"]: r for r in _rows(tmp_path / "scores.jsonl")}
+    assert [own[e]["designer_reward"] for e in firsts] == pytest.approx([1.0, 0.0, 0.25])
+    diffs = [1, 1, 0, 0, 0, 0.5]
+    for e in firsts:
+        assert rows[e]["designer_reward"] == pytest.approx(5 / 12)
+        assert rows[e]["regret"] == own[e]["regret"]  # the design's own measurement is kept
+        assert rows[e]["cell"]["cell_envs"] == 3
+        assert rows[e]["cell"]["regret_ci95"] == pytest.approx(2.571 * statistics.stdev(diffs) / math.sqrt(6))
+    assert [rows[e]["designer_reward"] for e in others[:2]] == pytest.approx([0.5, -1.0])  # cells of one
+    assert rows[others[2]]["designer_reward"] == 0.0 and rows[others[2]]["note"] == "no rollouts"
+    assert "cell" not in rows[others[2]]
+    manifest = json.loads((tmp_path / "scores.jsonl.manifest.json").read_text())
+    assert manifest["config"]["pool_cells"] == ["rule"]
+
+    # one cell over every played design: the unplayed one still stays out of it
+    assert _regret(fx, "--no-seed-audit", "--pool-cells", "feedback", out="all.jsonl", memory=()).returncode == 0
+    rows = {r["env_id"]: r for r in _rows(tmp_path / "all.jsonl")}
+    assert {rows[e]["cell"]["cell_envs"] for e in [*firsts, *others[:2]]} == {5}
+    assert rows[others[2]]["note"] == "no rollouts"
+
+    for bad in (["--pool-cells", " , "], ["--pool-cells", "rule", "--signal", "ema_lp"]):
+        res = _regret(fx, "--no-seed-audit", *bad, out="bad.jsonl", memory=())
+        assert res.returncode != 0 and not (tmp_path / "bad.jsonl").exists()
+        assert "pool-cells" in res.stderr, res.stderr

@@ -11,7 +11,10 @@
 #   regret    the Designer is paid the hint-regret of its designs, as SPADE pays it;
 #   shuffled  the same, with each iteration's rewards shuffled among its valid designs
 #             (`spade regret --shuffle-rewards`): validity is still paid, the cell choice is not;
-#   frozen    the Designer is not trained (FROZEN_DESIGNER=1).
+#   frozen    the Designer is not trained (FROZEN_DESIGNER=1);
+#   pooled    (not in the default ARMS) the regret arm with each design paid its cell's regret,
+#             the episodes of the iteration's designs of one rule and level pooled
+#             (`spade regret --pool-cells rule,level`): less noise, same signal.
 # Every arm of a seed shares the warm start, the loop seed and so its first iteration's prompts.
 # The figure: the true (probe) regret of the cells the Designer chooses, and their share in
 # learnable cells, in the last iterations. Rerunnable; a stopped run resumes.
@@ -24,7 +27,8 @@ ITERS="${ITERS:-10}" N_ENVS="${N_ENVS:-16}" K="${K:-4}" PROBE_K="${PROBE_K:-16}"
 LR="${LR:-1e-3}"
 export ROOT MAX_TURNS
 for arm in $ARMS; do
-  case "$arm" in regret | shuffled | frozen) ;; *) echo "ARMS: regret, shuffled or frozen (got $arm)" >&2; exit 2 ;; esac
+  case "$arm" in regret | shuffled | frozen | pooled) ;;
+    *) echo "ARMS: regret, shuffled, frozen or pooled (got $arm)" >&2; exit 2 ;; esac
 done
 for SEED in $SEEDS; do
   base="$ROOT/seed$SEED"
@@ -34,6 +38,7 @@ for SEED in $SEEDS; do
   for arm in $ARMS; do
     regret_args="" frozen=0
     [[ "$arm" == shuffled ]] && regret_args="--shuffle-rewards"
+    [[ "$arm" == pooled ]] && regret_args="--pool-cells rule,level"
     [[ "$arm" == frozen ]] && frozen=1
     MODEL="$base/model/warm" RUN="$base/steering/$arm" ITERS="$ITERS" SEED="$SEED" N_ENVS="$N_ENVS" GROUP=4 \
     K="$K" MAX_TURNS="$MAX_TURNS" BACKEND=hf EVAL_EVERY=0 BUDGET_PAIRS="" GROUNDING=0 REPLAY=0 \

@@ -43,6 +43,11 @@ def regret(
         "--shuffle-rewards", rich_help_panel=PANEL_SIGNAL,
         help="Control arm: permute the earned rewards among the iteration's valid designs "
         "(docs/curriculum.md).")] = False,
+    pool_cells: Annotated[str | None, typer.Option(
+        "--pool-cells", rich_help_panel=PANEL_SIGNAL, metavar="FIELDS",
+        help="Spec fields that make a cell, comma-separated (e.g. rule,level): each valid spec design "
+        "is paid its cell's signal, the episodes of the iteration's designs in that cell pooled "
+        "(docs/regret.md).")] = None,
     success_threshold: Annotated[float, typer.Option(
         "--success-threshold", rich_help_panel=PANEL_SIGNAL,
         help="An episode succeeds when its return reaches this (learnability, ema_lp).")] = 0.5,
@@ -95,13 +100,16 @@ def regret(
         raise typer.BadParameter("choose regret, ema_lp or learnability", param_hint="--signal")
     if replay and replay_out is None:
         raise typer.BadParameter("--replay K needs --replay-out FILE", param_hint="--replay-out")
+    fields = tuple(f.strip() for f in (pool_cells or "").split(",") if f.strip())
+    if pool_cells is not None and not fields:
+        raise typer.BadParameter("name at least one spec field, e.g. rule,level", param_hint="--pool-cells")
     summary = stage.run(envs, rollouts, out, played=played, memory=memory, memory_out=memory_out, signal=signal, clip_negative=clip_negative,
                         invalid_reward=invalid_reward, iteration=iteration, before_rollouts=before_rollouts,
                         success_threshold=success_threshold,
                         replay=replay, replay_out=replay_out, replay_temperature=replay_temperature,
                         replay_staleness=replay_staleness, embedding=embedding, audit=seed_audit,
                         audit_seeds=audit_seeds, flagged_reward=flagged_reward,
-                        max_error_rate=max_error_rate, shuffle_rewards=shuffle_rewards, force=force)
+                        max_error_rate=max_error_rate, shuffle_rewards=shuffle_rewards, pool_cells=fields, force=force)
     warnings = summary.get("warnings", [])
     for w in warnings[:5]:  # one per env without rollouts can be many: the manifest keeps them all
         console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)

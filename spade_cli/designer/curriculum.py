@@ -19,6 +19,8 @@ does). `stages/regret.py` feeds them the streamed rollout returns and the enviro
   which for envs that appear at different iterations would score an env by how well it is already
   solved (histories [1] and [1, 1] above a real progress [0, 1]).
 - ``learnability``: ``p(1-p)`` (Syllabus/SFL), p the unhinted success rate.
+- ``cell_stats``: the same statistics over a cell of spec designs (``--pool-cells``), their
+  episodes pooled, so each design of a cell is paid the cell's regret.
 - ``replay_priorities``: PLR (Jiang et al. 2021; minimax ``plr.py``) over past envs:
   ``P = (1-rho) * P_S + rho * P_C`` with ``P_S(i) ∝ (1/rank_i)^(1/beta)`` on the score (positive
   regret) and ``P_C(i) = staleness_i / sum(staleness)``; ``select_replay`` applies it to memory rows.
@@ -171,6 +173,36 @@ def spec_of(rec: Validation | dict) -> dict | None:
     as a record field or an extra one; None for a free-form design or a malformed spec."""
     spec = rec.get("spec") if isinstance(rec, dict) else (getattr(rec, "spec", None) or rec.extra.get("spec"))
     return spec if isinstance(spec, dict) else None
+
+
+def cell_stats(cells: dict[str, tuple], per_env: dict[str, dict], threshold: float) -> dict[str, dict]:
+    """``env_stats`` of each env's cell: the episodes of every env with the same key, pooled.
+
+    ``cells`` maps an env to its cell key (e.g. its spec's rule and level). Pairs stay apart per env
+    (keyed ``(env, pair)``), so a cell whose envs are all fully paired keeps the paired interval.
+    One design's regret at k = 4 pairs has an interval of about +-0.3; paying each design its cell's
+    pooled regret trades that noise for the assumption that designs of one cell are worth the same.
+    """
+    groups: dict[tuple, list[str]] = {}
+    for env, key in cells.items():
+        groups.setdefault(key, []).append(env)
+    out: dict[str, dict] = {}
+    for envs in groups.values():
+        st: dict = {"h": {}, "u": {}, "h_err": 0, "u_err": 0}
+        for env in envs:
+            one = per_env.get(env) or {}
+            for side in ("h", "u"):
+                st[side].update({(env, pair): rs for pair, rs in one.get(side, {}).items()})
+                st[f"{side}_err"] += one.get(f"{side}_err", 0)
+        pooled = {**env_stats(st, threshold), "cell_envs": len(envs)}
+        out.update(dict.fromkeys(envs, pooled))
+    return out
+
+
+def cell_key(rec: Validation | dict, fields: Sequence[str]) -> tuple | None:
+    """The values of ``fields`` in a design's spec; None for a free-form design or a spec lacking one."""
+    spec = spec_of(rec) or {}
+    return tuple(repr(spec[f]) for f in fields) if spec and all(f in spec for f in fields) else None
 
 
 def level_of(rec: Validation | dict) -> int | None:
