@@ -167,6 +167,23 @@ def test_a_spec_design_keeps_its_spec_in_memory_and_replay() -> None:
         == [3, None, None]
 
 
+def test_cells_pool_episodes_by_spec_fields_and_keep_pairs_apart() -> None:
+    a = {"spec": {"rule": "twice", "level": 2, "rounds": 3}}
+    b = {"spec": {"rule": "twice", "level": 2, "rounds": 5}}
+    assert curriculum.cell_key(a, ["rule", "level"]) == curriculum.cell_key(b, ["rule", "level"])
+    assert curriculum.cell_key(a, ["rule", "rounds"]) != curriculum.cell_key(b, ["rule", "rounds"])
+    assert curriculum.cell_key({"spec": None}, ["rule"]) is None  # a free-form design has no cell
+    assert curriculum.cell_key(a, ["rule", "feedback"]) is None
+    # both envs use pair 0: pooled, they are two pairs, not one pair with two episodes per side
+    per_env = {"a": {"h": {0: [1.0]}, "u": {0: [0.0]}, "h_err": 0, "u_err": 1},
+               "b": {"h": {0: [0.5]}, "u": {0: [0.5]}, "h_err": 0, "u_err": 0}}
+    got = curriculum.cell_stats({"a": ("x",), "b": ("x",)}, per_env, 0.5)
+    assert got["a"] is got["b"] and got["a"]["cell_envs"] == 2
+    assert (got["a"]["regret"], got["a"]["paired"], got["a"]["hinted_n"]) == (0.5, True, 2)
+    assert got["a"]["regret_ci95"] == pytest.approx(12.706 * math.sqrt(0.5) / math.sqrt(2))  # sd of (1, 0)
+    assert got["a"]["unhinted_errors"] == 1
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["msgspec-if-installed", "json"])
 def test_scan_rollouts_both_parsers_agree(tmp_path, monkeypatch, fast: bool) -> None:
     from spade_cli.core.artifacts import fingerprint
