@@ -65,6 +65,11 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     assert all("cell" in json.loads(r) for r in pooled.read_text().splitlines() if json.loads(r).get("note") is None)
     table = _summarize("steering", root)
     assert "| regret | 1 |" in table and "| shuffled | 1 |" in table and "regret arm minus shuffled" in table
+    assert "| pooled | 1 |" in table and "pooled arm minus shuffled, paired by seed" in table
+    # the one-seed reading, over the designs: every pair of arms that ran on the seed
+    by_design = json.loads((root / "summary_steering.json").read_text())["designs"]["seed0"]
+    assert set(by_design) == {"regret_minus_shuffled", "pooled_minus_shuffled", "pooled_minus_regret"}
+    assert "seed0: true regret of the last 3 iterations' valid designs, pooled minus regret" in table
     again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="3", N_ENVS="4")  # finished: all up to date
     assert "up to date" in again.stderr
 

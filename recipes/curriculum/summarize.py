@@ -7,8 +7,10 @@
 gate's learning loop, what the Agent gained unhinted on the cells it failed (trainable and
 held-out separately). ``steering``: per arm, the true regret of the valid designs of the last
 ``--last`` iterations (each design's cell looked up on the frozen Agent's probe), the share of
-them in learnable cells, and validity, as mean and 95% interval over seeds. Markdown on stdout,
-the same figures as JSON in ROOT/summary_MODE.json.
+them in learnable cells, and validity, as mean and 95% interval over seeds; each trained arm
+(``regret``, ``pooled``) against each control paired by seed, and, per seed, against each other
+arm over the designs themselves (Welch), the one-seed pilot's reading. Markdown on stdout, the
+same figures as JSON in ROOT/summary_MODE.json.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def interval(xs: list[float]) -> str:
         return f"{m:.3f} (n=1)"
     half = t975(len(xs) - 1) * (sample_var(xs) / len(xs)) ** 0.5
     return f"{m:.3f} ± {half:.3f} (n={len(xs)})"
+
+
+def welch(a: list[float], b: list[float]) -> str:
+    """Mean of ``a`` minus mean of ``b`` with a 95% interval, unpaired; the conservative degrees of
+    freedom (min(n) - 1) that ``spade regret`` uses when pairs are missing."""
+    if len(a) < 2 or len(b) < 2:
+        return "n/a"
+    d = mean(a) - mean(b)
+    half = t975(min(len(a), len(b)) - 1) * (sample_var(a) / len(a) + sample_var(b) / len(b)) ** 0.5
+    return f"{d:+.3f} ± {half:.3f} (designs {len(a)}, {len(b)})"
 
 
 def seeds(root: Path) -> list[Path]:
@@ -88,6 +100,7 @@ def gate(root: Path) -> dict:
 def steering(root: Path, last: int) -> dict:
     per_arm: dict[str, dict[str, list]] = {}
     by_seed: dict[str, dict[str, float]] = {}
+    designs: dict[str, dict[str, list[float]]] = {}  # seed -> arm -> true gain of each valid design
     for sd in seeds(root):
         table = probe(sd / "probe_warm")
         if table is None:
@@ -102,6 +115,9 @@ def steering(root: Path, last: int) -> dict:
                                                 "first_true_regret": [], "iterations": []})
             acc["true_regret"].append(mean([r["true_regret"] for r in tail if r["true_regret"] is not None]))
             by_seed.setdefault(sd.name, {})[run.name] = acc["true_regret"][-1]
+            designs.setdefault(sd.name, {})[run.name] = [
+                table[c]["gain"] for p in iters[-last:] for r in load(p)
+                if r.get("valid") and (c := cells.cell_of(r)) in table]
             acc["learnable_share"].append(mean([r["learnable_share"] for r in tail
                                                 if r["learnable_share"] is not None]))
             acc["valid_share"].append(mean([r["valid"] / r["designs"] for r in tail]))
@@ -114,12 +130,23 @@ def steering(root: Path, last: int) -> dict:
         print(f"| {arm} | {len(a['true_regret'])} | {min(a['iterations'])}-{max(a['iterations'])} | "
               f"{interval(a['first_true_regret'])} | {interval(a['true_regret'])} | "
               f"{interval(a['learnable_share'])} | {interval(a['valid_share'])} |")
-    # the pre-stated test: the regret arm against each control, paired by seed (shared warm start)
-    for control in ("shuffled", "frozen"):
-        diffs = [d["regret"] - d[control] for d in by_seed.values()
-                 if d.get("regret") is not None and d.get(control) is not None]
-        per_arm.setdefault("paired", {})[f"regret_minus_{control}"] = diffs
-        print(f"\ntrue regret, regret arm minus {control}, paired by seed: {interval(diffs)}")
+    # the pre-stated test: each trained arm against each control, paired by seed (shared warm start)
+    pairs = [("regret", "shuffled"), ("regret", "frozen"), ("pooled", "shuffled"), ("pooled", "frozen"),
+             ("pooled", "regret")]
+    for arm, control in pairs:
+        diffs = [d[arm] - d[control] for d in by_seed.values()
+                 if d.get(arm) is not None and d.get(control) is not None]
+        if diffs:
+            per_arm.setdefault("paired", {})[f"{arm}_minus_{control}"] = diffs
+            print(f"\ntrue regret, {arm} arm minus {control}, paired by seed: {interval(diffs)}")
+    # one seed has no interval over seeds: the pilot's reading is over its designs
+    for seed, arms in sorted(designs.items()):
+        for arm, control in pairs:
+            if arm in arms and control in arms:
+                fig = welch(arms[arm], arms[control])
+                per_arm.setdefault("designs", {}).setdefault(seed, {})[f"{arm}_minus_{control}"] = fig
+                print(f"\n{seed}: true regret of the last {last} iterations' valid designs, "
+                      f"{arm} minus {control}: {fig}")
     return per_arm
 
 
