@@ -136,7 +136,7 @@ def steering(root: Path, last: int) -> dict:
     for arm, control in pairs:
         diffs = [d[arm] - d[control] for d in by_seed.values()
                  if d.get(arm) is not None and d.get(control) is not None]
-        if diffs:
+        if any(arm in d and control in d for d in by_seed.values()):  # both ran: n/a when no figure
             per_arm.setdefault("paired", {})[f"{arm}_minus_{control}"] = diffs
             print(f"\ntrue regret, {arm} arm minus {control}, paired by seed: {interval(diffs)}")
     # one seed has no interval over seeds: the pilot's reading is over its designs
