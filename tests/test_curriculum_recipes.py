@@ -70,6 +70,8 @@ def test_gate_steering_and_outcome_run_and_resume(tmp_path):
     by_design = json.loads((root / "summary_steering.json").read_text())["designs"]["seed0"]
     assert set(by_design) == {"regret_minus_shuffled", "pooled_minus_shuffled", "pooled_minus_regret"}
     assert "seed0: true regret of the last 3 iterations' valid designs, pooled minus regret" in table
+    fits = json.loads((root / "summary_steering.json").read_text())["pooled"]["reward_fit"]
+    assert "paid reward vs true regret, r" in table and [f["seed"] for f in fits] == ["seed0"]
     again = _recipe("steering.sh", root, ARMS="regret", SEEDS="0", ITERS="3", N_ENVS="4")  # finished: all up to date
     assert "up to date" in again.stderr
 

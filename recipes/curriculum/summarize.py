@@ -1,7 +1,7 @@
 """Tables of the design-space experiments, from their run directories (docs/curriculum.md).
 
     python recipes/curriculum/summarize.py gate runs/curriculum
-    python recipes/curriculum/summarize.py steering runs/curriculum [--last 3]
+    python recipes/curriculum/summarize.py steering runs/curriculum [--last 3] [--iterations N]
 
 ``gate``: per seed, the warm Agent's probe (cells where the hint helps by >= 0.2) and, after the
 gate's learning loop, what the Agent gained unhinted on the cells it failed (trainable and
@@ -9,7 +9,8 @@ held-out separately). ``steering``: per arm, the true regret of the valid design
 ``--last`` iterations (each design's cell looked up on the frozen Agent's probe), the share of
 them in learnable cells, and validity, as mean and 95% interval over seeds; each trained arm
 (``regret``, ``pooled``) against each control paired by seed, and, per seed, against each other
-arm over the designs themselves (Welch), the one-seed pilot's reading. Markdown on stdout, the
+arm over the designs themselves (Welch), the one-seed pilot's reading; and how well each arm's
+paid reward tracked its designs' true regret (correlation, overall and within GRPO's groups). Markdown on stdout, the
 same figures as JSON in ROOT/summary_MODE.json.
 """
 
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from spade_cli.core.artifacts import read_records
@@ -56,6 +59,35 @@ def welch(a: list[float], b: list[float]) -> str:
     d = mean(a) - mean(b)
     half = t975(min(len(a), len(b)) - 1) * (sample_var(a) / len(a) + sample_var(b) / len(b)) ** 0.5
     return f"{d:+.3f} ± {half:.3f} (designs {len(a)}, {len(b)})"
+
+
+def correlation(xs: list[float], ys: list[float]) -> float | None:
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:  # fewer than two points, or one side constant
+        return None
+
+
+def reward_fit(iters: list[Path], table: dict) -> dict:
+    """How well the Designer's paid reward tracks its design's true (probe) regret: the correlation
+    over the valid designs of ``iters``, and within GRPO's groups (each design minus its group's
+    mean: what the advantage sees)."""
+    paid, true, groups = [], [], defaultdict(list)
+    for path in iters:
+        cell = {r["env_id"]: c for r in load(path) if r.get("valid") and (c := cells.cell_of(r)) in table}
+        for s in load(path.with_name("scores.jsonl")):
+            if s["env_id"] in cell and s.get("note") is None and s.get("designer_reward") is not None:
+                pair = (s["designer_reward"], table[cell[s["env_id"]]]["gain"])
+                paid.append(pair[0])
+                true.append(pair[1])
+                groups[(path, s.get("group_id"))].append(pair)
+    dx, dy = [], []
+    for g in groups.values():
+        if len(g) > 1:
+            mx, my = mean([x for x, _ in g]), mean([y for _, y in g])
+            dx += [x - mx for x, _ in g]
+            dy += [y - my for _, y in g]
+    return {"designs": len(paid), "r": correlation(paid, true), "r_within": correlation(dx, dy)}
 
 
 def seeds(root: Path) -> list[Path]:
@@ -97,7 +129,7 @@ def gate(root: Path) -> dict:
     return out
 
 
-def steering(root: Path, last: int) -> dict:
+def steering(root: Path, last: int, first: int | None = None) -> dict:
     per_arm: dict[str, dict[str, list]] = {}
     by_seed: dict[str, dict[str, float]] = {}
     designs: dict[str, dict[str, list[float]]] = {}  # seed -> arm -> true gain of each valid design
@@ -106,13 +138,13 @@ def steering(root: Path, last: int) -> dict:
         if table is None:
             continue
         for run in sorted(p for p in (sd / "steering").glob("*") if p.is_dir()):
-            iters = sorted(run.glob("iter_*/validated.jsonl"))
+            iters = sorted(run.glob("iter_*/validated.jsonl"))[:first]
             if not iters:
                 continue
             rows = [cells.choices(load(p), table) for p in iters]
             tail = rows[-last:]
             acc = per_arm.setdefault(run.name, {"true_regret": [], "learnable_share": [], "valid_share": [],
-                                                "first_true_regret": [], "iterations": []})
+                                                "first_true_regret": [], "iterations": [], "reward_fit": []})
             acc["true_regret"].append(mean([r["true_regret"] for r in tail if r["true_regret"] is not None]))
             by_seed.setdefault(sd.name, {})[run.name] = acc["true_regret"][-1]
             designs.setdefault(sd.name, {})[run.name] = [
@@ -123,6 +155,7 @@ def steering(root: Path, last: int) -> dict:
             acc["valid_share"].append(mean([r["valid"] / r["designs"] for r in tail]))
             acc["first_true_regret"].append(rows[0]["true_regret"])
             acc["iterations"].append(len(rows))
+            acc["reward_fit"].append({"seed": sd.name, **reward_fit(iters, table)})
     print(f"\n| arm | seeds | iterations | true regret, first iteration | true regret, last {last} "
           f"| learnable share, last {last} | valid share, last {last} |")
     print("|---|---|---|---|---|---|---|")
@@ -130,6 +163,13 @@ def steering(root: Path, last: int) -> dict:
         print(f"| {arm} | {len(a['true_regret'])} | {min(a['iterations'])}-{max(a['iterations'])} | "
               f"{interval(a['first_true_regret'])} | {interval(a['true_regret'])} | "
               f"{interval(a['learnable_share'])} | {interval(a['valid_share'])} |")
+    print("\n| arm | seed | valid designs read | paid reward vs true regret, r "
+          "| the same within a prompt's group, r |")
+    print("|---|---|---|---|---|")
+    for arm, a in sorted(per_arm.items()):
+        for f in a["reward_fit"]:
+            r, rw = (f"{x:+.2f}" if x is not None else "n/a" for x in (f["r"], f["r_within"]))
+            print(f"| {arm} | {f['seed']} | {f['designs']} | {r} | {rw} |")
     # the pre-stated test: each trained arm against each control, paired by seed (shared warm start)
     pairs = [("regret", "shuffled"), ("regret", "frozen"), ("pooled", "shuffled"), ("pooled", "frozen"),
              ("pooled", "regret")]
@@ -155,8 +195,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("mode", choices=["gate", "steering"])
     ap.add_argument("root", type=Path)
     ap.add_argument("--last", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="steering: read only each run's first N iterations (a longer run's first part)")
     args = ap.parse_args(argv)
-    figures = gate(args.root) if args.mode == "gate" else steering(args.root, args.last)
+    figures = gate(args.root) if args.mode == "gate" else steering(args.root, args.last, args.iterations)
     (args.root / f"summary_{args.mode}.json").write_text(json.dumps(figures, indent=1, default=str) + "\n")
     return 0
 
