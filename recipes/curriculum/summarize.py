@@ -10,8 +10,8 @@ held-out separately). ``steering``: per arm, the true regret of the valid design
 them in learnable cells, and validity, as mean and 95% interval over seeds; each trained arm
 (``regret``, ``pooled``) against each control paired by seed, and, per seed, against each other
 arm over the designs themselves (Welch), the one-seed pilot's reading; and how well each arm's
-paid reward tracked its designs' true regret (correlation, overall and within GRPO's groups). Markdown on stdout, the
-same figures as JSON in ROOT/summary_MODE.json.
+paid reward tracked its designs' true regret (correlation, overall and within GRPO's groups).
+Markdown on stdout, the same figures as JSON in ROOT/summary_MODE.json.
 """
 
 from __future__ import annotations
@@ -198,6 +198,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--iterations", type=int, default=None,
                     help="steering: read only each run's first N iterations (a longer run's first part)")
     args = ap.parse_args(argv)
+    if args.iterations is not None and args.iterations < 1:
+        ap.error(f"--iterations: at least 1 (got {args.iterations})")
     figures = gate(args.root) if args.mode == "gate" else steering(args.root, args.last, args.iterations)
     (args.root / f"summary_{args.mode}.json").write_text(json.dumps(figures, indent=1, default=str) + "\n")
     return 0
