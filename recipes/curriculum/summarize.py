@@ -7,7 +7,7 @@
 gate's learning loop, what the Agent gained unhinted on the cells it failed (trainable and
 held-out separately). ``steering``: per arm, the true regret of the valid designs of the last
 ``--last`` iterations (each design's cell looked up on the frozen Agent's probe), the share of
-them in learnable cells, and validity, as mean and 95% interval over seeds; each trained arm
+them in learnable cells, validity and the mean level chosen, as mean and 95% interval over seeds; each trained arm
 (``regret``, ``pooled``) against each control paired by seed, and, per seed, against each other
 arm over the designs themselves (Welch), the one-seed pilot's reading; and how well each arm's
 paid reward tracked its designs' true regret (correlation, overall and within GRPO's groups).
@@ -144,7 +144,8 @@ def steering(root: Path, last: int, first: int | None = None) -> dict:
             rows = [cells.choices(load(p), table) for p in iters]
             tail = rows[-last:]
             acc = per_arm.setdefault(run.name, {"true_regret": [], "learnable_share": [], "valid_share": [],
-                                                "first_true_regret": [], "iterations": [], "reward_fit": []})
+                                                "first_true_regret": [], "iterations": [], "reward_fit": [],
+                                                "level": []})
             acc["true_regret"].append(mean([r["true_regret"] for r in tail if r["true_regret"] is not None]))
             by_seed.setdefault(sd.name, {})[run.name] = acc["true_regret"][-1]
             designs.setdefault(sd.name, {})[run.name] = [
@@ -155,14 +156,15 @@ def steering(root: Path, last: int, first: int | None = None) -> dict:
             acc["valid_share"].append(mean([r["valid"] / r["designs"] for r in tail]))
             acc["first_true_regret"].append(rows[0]["true_regret"])
             acc["iterations"].append(len(rows))
+            acc["level"].append(mean([r["levels"] for r in tail if r["levels"] is not None]))
             acc["reward_fit"].append({"seed": sd.name, **reward_fit(iters, table)})
     print(f"\n| arm | seeds | iterations | true regret, first iteration | true regret, last {last} "
-          f"| learnable share, last {last} | valid share, last {last} |")
-    print("|---|---|---|---|---|---|---|")
+          f"| learnable share, last {last} | valid share, last {last} | mean level, last {last} |")
+    print("|---|---|---|---|---|---|---|---|")
     for arm, a in sorted(per_arm.items()):
         print(f"| {arm} | {len(a['true_regret'])} | {min(a['iterations'])}-{max(a['iterations'])} | "
               f"{interval(a['first_true_regret'])} | {interval(a['true_regret'])} | "
-              f"{interval(a['learnable_share'])} | {interval(a['valid_share'])} |")
+              f"{interval(a['learnable_share'])} | {interval(a['valid_share'])} | {interval(a['level'])} |")
     print("\n| arm | seed | valid designs read | paid reward vs true regret, r "
           "| the same within a prompt's group, r |")
     print("|---|---|---|---|---|")
