@@ -68,26 +68,26 @@ def correlation(xs: list[float], ys: list[float]) -> float | None:
         return None
 
 
-def reward_fit(iters: list[Path], table: dict) -> dict:
+def reward_fit(iters: list[Path], table: dict, validated: list[list[dict]] | None = None) -> dict:
     """How well the Designer's paid reward tracks its design's true (probe) regret: the correlation
     over the valid designs of ``iters``, and within GRPO's groups (each design minus its group's
-    mean: what the advantage sees)."""
-    paid, true, groups = [], [], defaultdict(list)
-    for path in iters:
-        cell = {r["env_id"]: c for r in load(path) if r.get("valid") and (c := cells.cell_of(r)) in table}
+    mean: what the advantage sees). ``validated``: the iterations' rows, if already read."""
+    groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for i, path in enumerate(iters):
+        rows = validated[i] if validated is not None else load(path)
+        cell = {r["env_id"]: c for r in rows if r.get("valid") and (c := cells.cell_of(r)) in table}
         for s in load(path.with_name("scores.jsonl")):
             if s["env_id"] in cell and s.get("note") is None and s.get("designer_reward") is not None:
-                pair = (s["designer_reward"], table[cell[s["env_id"]]]["gain"])
-                paid.append(pair[0])
-                true.append(pair[1])
-                groups[(path, s.get("group_id"))].append(pair)
+                groups[(i, s.get("group_id"))].append((s["designer_reward"], table[cell[s["env_id"]]]["gain"]))
+    pairs = [pair for g in groups.values() for pair in g]
     dx, dy = [], []
     for g in groups.values():
         if len(g) > 1:
             mx, my = mean([x for x, _ in g]), mean([y for _, y in g])
             dx += [x - mx for x, _ in g]
             dy += [y - my for _, y in g]
-    return {"designs": len(paid), "r": correlation(paid, true), "r_within": correlation(dx, dy)}
+    return {"designs": len(pairs), "r": correlation([x for x, _ in pairs], [y for _, y in pairs]),
+            "r_within": correlation(dx, dy)}
 
 
 def seeds(root: Path) -> list[Path]:
@@ -141,7 +141,8 @@ def steering(root: Path, last: int, first: int | None = None) -> dict:
             iters = sorted(run.glob("iter_*/validated.jsonl"))[:first]
             if not iters:
                 continue
-            rows = [cells.choices(load(p), table) for p in iters]
+            validated = [load(p) for p in iters]  # each iteration read once, for every figure below
+            rows = [cells.choices(v, table) for v in validated]
             tail = rows[-last:]
             acc = per_arm.setdefault(run.name, {"true_regret": [], "learnable_share": [], "valid_share": [],
                                                 "first_true_regret": [], "iterations": [], "reward_fit": [],
@@ -149,7 +150,7 @@ def steering(root: Path, last: int, first: int | None = None) -> dict:
             acc["true_regret"].append(mean([r["true_regret"] for r in tail if r["true_regret"] is not None]))
             by_seed.setdefault(sd.name, {})[run.name] = acc["true_regret"][-1]
             designs.setdefault(sd.name, {})[run.name] = [
-                table[c]["gain"] for p in iters[-last:] for r in load(p)
+                table[c]["gain"] for v in validated[-last:] for r in v
                 if r.get("valid") and (c := cells.cell_of(r)) in table]
             acc["learnable_share"].append(mean([r["learnable_share"] for r in tail
                                                 if r["learnable_share"] is not None]))
@@ -157,7 +158,7 @@ def steering(root: Path, last: int, first: int | None = None) -> dict:
             acc["first_true_regret"].append(rows[0]["true_regret"])
             acc["iterations"].append(len(rows))
             acc["level"].append(mean([r["levels"] for r in tail if r["levels"] is not None]))
-            acc["reward_fit"].append({"seed": sd.name, **reward_fit(iters, table)})
+            acc["reward_fit"].append({"seed": sd.name, **reward_fit(iters, table, validated)})
     print(f"\n| arm | seeds | iterations | true regret, first iteration | true regret, last {last} "
           f"| learnable share, last {last} | valid share, last {last} | mean level, last {last} |")
     print("|---|---|---|---|---|---|---|---|")
